@@ -1,0 +1,59 @@
+"""The environment protocol every env implements (BFCL, AppWorld, a user's own tools).
+
+An `Env` hands out `Task`s and opens one independent `Episode` per rollout. An episode is a multi-turn dialogue:
+
+    episode = env.reset(task)
+    while not episode.done:
+        messages = episode.user_messages()       # what the user says to open this turn
+        tools = episode.tools()                  # tool schemas exposed in this turn
+        ...the agent replies; each reply's calls go through...
+        steps = episode.act(calls)               # -> (action, observation) pairs, errors as data
+        ...a reply with no call ends the agent's turn:
+        episode.end_turn()
+    score = episode.score()                      # Score(value, checks)
+
+Contract (what rollouts, exploration and validation rely on):
+- `reset` never shares state between episodes, even two of the same task run interleaved.
+- `act` never raises on agent input: unknown tools, bad syntax, bad arguments and tool exceptions become a
+  `Step` whose `error` says why. Nothing the agent writes is `eval`ed.
+- `score` is the env's own binary verdict (1.0 / 0.0) with the reason of every check.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+
+from coevolve.records import Message, Score, Step, Task, ToolCall
+
+CallInput = str | Mapping[str, Any] | ToolCall
+"""A call as an agent gives it: a Python-call string, a JSON object `{"name", "arguments"}`, or a ToolCall."""
+
+
+@runtime_checkable
+class Episode(Protocol):
+    task: Task
+
+    @property
+    def turn_index(self) -> int: ...
+
+    @property
+    def done(self) -> bool: ...
+
+    def user_messages(self) -> list[Message]: ...
+
+    def tools(self) -> list[dict[str, Any]]: ...
+
+    def act(self, calls: Sequence[CallInput]) -> tuple[Step, ...]: ...
+
+    def end_turn(self) -> None: ...
+
+    def score(self) -> Score: ...
+
+
+@runtime_checkable
+class Env(Protocol):
+    name: str
+
+    def tasks(self) -> list[Task]: ...
+
+    def reset(self, task: Task) -> Episode: ...
