@@ -1,0 +1,155 @@
+"""Scripted evaluation: score fixed call sequences (the ground truth, or a model's logged outputs) in an env.
+
+Two scripted policies, both free of any model or torch import so `coevolve eval` on them answers in seconds:
+- `oracle`: replays each task's ground truth, turn by turn (a check of the env and scorer: must score 1.0).
+- `replay:FILE`: JSON lines `{"id": NAME, "turns": [[call, ...], ...]}`, one per task, where each turn is a list of
+  calls (one reply) or a list of lists of calls (several replies); a call is a Python-call string such as
+  `cd(folder='x')` or a JSON object `{"name": ..., "arguments": {...}}`. A task with no line in the file scores 0;
+  a line whose number of turns differs from the task's scores 0 (BFCL's `force_terminated`).
+Model policies, which generate while they act, run through the rollout engine instead.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from coevolve.envs.base import Env
+from coevolve.records import Check, Score, Task
+
+Script = list[list[list[Any]]]
+"""turns -> replies -> calls."""
+
+
+class ReplayError(ValueError):
+    """A replay file that cannot be read; the message is one line naming the file and line."""
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    name: str
+    task_id: str
+    score: Score
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    env: str
+    category: str
+    policy: str
+    results: tuple[TaskResult, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.results)
+
+    @property
+    def correct(self) -> int:
+        return sum(result.score.success for result in self.results)
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.n if self.n else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "env": self.env,
+            "category": self.category,
+            "policy": self.policy,
+            "accuracy": self.accuracy,
+            "n": self.n,
+            "correct": self.correct,
+            "per_task": {r.name: int(r.score.success) for r in self.results},
+            "failures": {r.name: list(r.score.reasons) for r in self.results if not r.score.success},
+        }
+
+
+def oracle_script(task: Task) -> Script:
+    return [[list(calls)] if calls else [] for calls in task.ground_truth]
+
+
+def run_script(env: Env, task: Task, script: Script) -> Score:
+    """Play a fixed script through a fresh episode and return the env's score."""
+    if len(script) != task.num_turns:
+        reason = f"the script has {len(script)} turns; the task has {task.num_turns} (force_terminated)"
+        return Score(0.0, (Check(0, "force_terminated", False, reason),))
+    episode = env.reset(task)
+    for replies in script:
+        for calls in replies:
+            episode.act(calls)
+            if episode.done:
+                break
+        episode.end_turn()
+    return episode.score()
+
+
+def evaluate(env: Env, tasks: Sequence[Task], script_for: Callable[[Task], Script | None], policy: str,
+             category: str = "") -> EvalReport:
+    results = []
+    for task in tasks:
+        script = script_for(task)
+        if script is None:
+            score = Score(0.0, (Check(0, "missing", False, f"no replay entry for task {task.name!r}"),))
+        else:
+            score = run_script(env, task, script)
+        results.append(TaskResult(task.name, task.id, score))
+    return EvalReport(env.name, category, policy, tuple(results))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Replay files
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _normalise_turn(turn: Any, where: str) -> list[list[Any]]:
+    if not isinstance(turn, list):
+        raise ReplayError(f"{where}: each turn must be a list of calls, got {type(turn).__name__}")
+    if not turn:
+        return []
+    if all(isinstance(item, list) for item in turn):
+        for reply in turn:
+            for call in reply:
+                _check_call_shape(call, where)
+        return [list(reply) for reply in turn if reply]
+    if any(isinstance(item, list) for item in turn):
+        raise ReplayError(f"{where}: a turn mixes calls and lists of calls")
+    for call in turn:
+        _check_call_shape(call, where)
+    return [list(turn)]
+
+
+def _check_call_shape(call: Any, where: str) -> None:
+    if not isinstance(call, (str, dict)):
+        raise ReplayError(f"{where}: a call must be a string or an object, got {type(call).__name__}")
+
+
+def load_replay(path: str | Path, known_names: set[str] | None = None) -> dict[str, Script]:
+    """Read a replay file into name -> script. Raises ReplayError with a one-line message on any defect."""
+    path = Path(path)
+    if not path.is_file():
+        raise ReplayError(f"replay file {str(path)!r} does not exist")
+    scripts: dict[str, Script] = {}
+    with path.open(encoding="utf-8", errors="replace") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_number}"
+            try:
+                row = json.loads(line)
+            except ValueError as error:
+                raise ReplayError(f"{where}: not valid JSON ({error.msg})") from None
+            if not isinstance(row, Mapping) or "id" not in row or "turns" not in row:
+                raise ReplayError(f"{where}: expected an object with 'id' and 'turns'")
+            name, turns = row["id"], row["turns"]
+            if not isinstance(name, str):
+                raise ReplayError(f"{where}: 'id' must be a string")
+            if not isinstance(turns, list):
+                raise ReplayError(f"{where}: 'turns' must be a list of turns")
+            if name in scripts:
+                raise ReplayError(f"{where}: task {name!r} appears twice")
+            if known_names is not None and name not in known_names:
+                raise ReplayError(f"{where}: unknown task id {name!r} for this env/category")
+            scripts[name] = [_normalise_turn(turn, where) for turn in turns]
+    return scripts
