@@ -23,15 +23,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._report import machine_line, write_section  # noqa: E402
 import coevolve.calls as calls_module  # noqa: E402
+import coevolve.envs.bfcl as bfcl_module  # noqa: E402
 from coevolve.envs.bfcl import CATEGORIES, BFCLEnv, load_tasks  # noqa: E402
 
 
-def run_official(tasks, pass_index: int) -> int:
+def run_official(tasks, group_size: int, pass_index: int) -> int:
     from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
 
     module_globals = vars(multi_turn_utils)
     calls = 0
-    for index, task in enumerate(tasks):
+    for index, task in enumerate(task for task in tasks for _ in range(group_size)):
         model_name = f"bench_{pass_index}_{index}"
         for turn in task.ground_truth:
             multi_turn_utils.execute_multi_turn_func_call(
@@ -44,16 +45,17 @@ def run_official(tasks, pass_index: int) -> int:
     return calls
 
 
-def run_ours(envs, tasks, score: bool) -> int:
-    # Each pass starts cold: only reuse of identical call strings within one pass counts (as across the K
-    # rollouts of a prompt in training), never a previous pass's parses or ground-truth traces.
+def run_ours(envs, tasks, group_size: int, score: bool) -> int:
+    # Each pass starts cold: parses, instance snapshots and ground-truth traces are reused only within the pass
+    # (across the K episodes of a group, as in training), never carried over from a previous pass.
     clear_memo = getattr(calls_module._parse_python_call_cached, "cache_clear", None)
     if clear_memo is not None:  # absent in the memo-off pass
         clear_memo()
+    bfcl_module._INSTANCE_BLOBS.clear()
     for env in envs.values():
         env._truth_cache.clear()
     calls = 0
-    for task in tasks:
+    for task in (task for task in tasks for _ in range(group_size)):
         episode = envs[task.meta["category"]].reset(task)
         for turn in task.ground_truth:
             if turn:
@@ -76,23 +78,25 @@ def best_time(function, repeats: int) -> tuple[float, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--group-size", type=int, default=4, help="episodes per task in a row, like a GRPO group")
     parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
     args = parser.parse_args()
 
     tasks = [task for category in CATEGORIES for task in load_tasks(category)]
     envs = {category: BFCLEnv(category, scope="official") for category in CATEGORIES}
-    run_ours(envs, tasks[:5], score=True)  # warm imports and caches on both sides
-    run_official(tasks[:5], -1)
+    group_size = args.group_size
+    run_ours(envs, tasks[:5], 1, score=True)  # warm imports on both sides
+    run_official(tasks[:5], 1, -1)
 
-    official_s, official_calls = best_time(lambda i: run_official(tasks, i), args.repeats)
-    ours_s, our_calls = best_time(lambda i: run_ours(envs, tasks, score=False), args.repeats)
+    official_s, official_calls = best_time(lambda i: run_official(tasks, group_size, i), args.repeats)
+    ours_s, our_calls = best_time(lambda i: run_ours(envs, tasks, group_size, score=False), args.repeats)
     hits = calls_module._parse_python_call_cached.cache_info()
     hit_rate = hits.hits / max(1, hits.hits + hits.misses)
-    scored_s, _ = best_time(lambda i: run_ours(envs, tasks, score=True), args.repeats)
+    scored_s, _ = best_time(lambda i: run_ours(envs, tasks, group_size, score=True), args.repeats)
     cached = calls_module._parse_python_call_cached
     calls_module._parse_python_call_cached = cached.__wrapped__  # the same parser with no memo
     try:
-        uncached_s, _ = best_time(lambda i: run_ours(envs, tasks, score=False), args.repeats)
+        uncached_s, _ = best_time(lambda i: run_ours(envs, tasks, group_size, score=False), args.repeats)
     finally:
         calls_module._parse_python_call_cached = cached
     assert official_calls == our_calls
@@ -107,7 +111,8 @@ def main() -> None:
     markdown = f"""## Environment steps: our BFCL dispatch vs the official executor
 
 Question: env steps per second when replaying the same ground-truth call sequences of all four BFCL-V3
-multi-turn categories ({len(tasks)} episodes, {our_calls} calls), fresh state per episode on both sides.
+multi-turn categories, {group_size} episodes per task in a row as in a GRPO group ({len(tasks)} tasks,
+{len(tasks) * group_size} episodes, {our_calls} calls), fresh state per episode on both sides.
 
 Command: `python bench/env_step.py` (best of {args.repeats} passes, one process). Machine: {machine_line()}.
 
@@ -116,12 +121,13 @@ Command: `python bench/env_step.py` (best of {args.repeats} passes, one process)
 {table}
 
 **Ratio (ours / official, steps/s): {ratio:.2f}x** (goal >= 2x); {official_s / uncached_s:.2f}x with the parse memo
-off. The memo starts empty every pass; {hit_rate:.0%} of the calls in a pass repeat an earlier string (the four
-categories share scenarios, as the K rollouts of a prompt share calls in training). Both sides spend most of
-their time in the same places: the backends' own scenario loading (a `deepcopy` of their default state), the
-parse (`compile` to an AST here, to bytecode there) and `json.dumps` of results. Scoring (last row) replays
-each task's ground truth once, cached per task, and runs the state/response checks at every turn end; the
-official checker pays for that work separately.
+off. Every pass starts cold (parse memo, instance snapshots and ground-truth traces emptied); within a pass
+{hit_rate:.0%} of the call strings repeat an earlier one (the K episodes of a task replay the same calls, and the
+four categories share scenarios). Where the time goes: the official executor re-runs `inspect.getmembers` on
+every instance and `eval`s each call; we load each task's scenario once and unpickle a snapshot of the loaded
+instances for the other episodes, and parse to an AST with no bytecode. Both pay the same `json.dumps` of
+results. Scoring (last row) replays each task's ground truth once per pass and runs the state/response checks
+at every turn end; the official checker pays for that work separately.
 """
     print(markdown)
     if not args.no_write:

@@ -40,6 +40,7 @@ import importlib
 import inspect
 import json
 import math
+import pickle
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -181,32 +182,38 @@ def _guard_arguments(name: str, call: ToolCall) -> str | None:
     return None
 
 
-def _new_instances(task: Task) -> dict[str, Any]:
+def _load_instances(task: Task) -> dict[str, Any]:
     instances = {}
     long_context = bool(task.meta.get("long_context", False))
     for class_name in task.meta["involved_classes"]:
         instance = _backend_class(class_name)()
         if class_name not in _STATELESS_CLASSES:
-            # A fresh copy per episode (scenario loaders keep references into the config they are given).
-            # Initial states are JSON data, so parsing their JSON text is an exact copy, and faster than deepcopy.
-            config = json.loads(_initial_config_json(task, class_name))
-            instance._load_scenario(config, long_context=long_context)
+            # Deep copy: scenario loaders keep references into the config they are given.
+            instance._load_scenario(copy.deepcopy(task.initial_state.get(class_name, {})), long_context=long_context)
         instances[class_name] = instance
     return instances
 
 
-_CONFIG_JSON_CACHE: dict[tuple[str, str], str] = {}
+_INSTANCE_BLOBS: dict[str, bytes] = {}
+_INSTANCE_BLOBS_MAX = 1024
 
 
-def _initial_config_json(task: Task, class_name: str) -> str:
-    """JSON text of one class's initial config, serialised once per task (the text is immutable)."""
-    key = (task.id, class_name)
-    text = _CONFIG_JSON_CACHE.get(key)
-    if text is None:
-        if len(_CONFIG_JSON_CACHE) > 4096:  # bound memory when a run synthesises many tasks
-            _CONFIG_JSON_CACHE.clear()
-        text = _CONFIG_JSON_CACHE[key] = json.dumps(task.initial_state.get(class_name, {}))
-    return text
+def _new_instances(task: Task) -> dict[str, Any]:
+    """Fresh instances of the task's classes, loaded from its initial state.
+
+    Loading a scenario is the costliest part of a reset, so the first episode of a task pickles its freshly
+    loaded instances and later ones unpickle that snapshot: an exact, independent copy (the loaders are
+    deterministic; their RNGs are seeded from the config and pickled with it). Only bytes this process made from
+    its own objects are ever unpickled; nothing an agent writes reaches pickle.
+    """
+    blob = _INSTANCE_BLOBS.get(task.id)
+    if blob is None:
+        instances = _load_instances(task)
+        if len(_INSTANCE_BLOBS) >= _INSTANCE_BLOBS_MAX:  # bound memory when a run synthesises many tasks
+            _INSTANCE_BLOBS.clear()
+        _INSTANCE_BLOBS[task.id] = pickle.dumps(instances, protocol=pickle.HIGHEST_PROTOCOL)
+        return instances
+    return pickle.loads(blob)
 
 
 def _method_owner(task: Task) -> dict[str, str]:
