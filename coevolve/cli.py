@@ -70,7 +70,8 @@ def _print_report(report) -> None:
     from rich.table import Table
 
     console = Console()
-    table = Table(title=f"{report.env} {report.category} - policy {report.policy}")
+    console.print(f"[bold]{report.env}[/bold] {report.category}, policy [bold]{report.policy}[/bold]")
+    table = Table()
     for column in ("tasks", "correct", "accuracy"):
         table.add_column(column, justify="right")
     table.add_row(str(report.n), str(report.correct), f"{report.accuracy:.4f}")

@@ -164,18 +164,28 @@ def _result_text(result: Any) -> str:
     return str(result)
 
 
-def _guard_arguments(name: str, call: ToolCall) -> str | None:
-    """Refuse literal arguments that would make a backend tool run for minutes. Returns a reason or None."""
-    values = dict(call.arguments)
-    precision = values.get("precision", values.get("decimal_places"))
-    if isinstance(precision, int) and not isinstance(precision, bool) and abs(precision) > MAX_PRECISION_DIGITS:
-        return f"precision {precision} is above the limit of {MAX_PRECISION_DIGITS} digits"
-    if name == "power":
+@lru_cache(maxsize=None)
+def _signature(class_name: str, method_name: str) -> inspect.Signature:
+    return inspect.signature(getattr(_backend_class(class_name), method_name))
+
+
+def _guard_arguments(class_name: str, call: ToolCall) -> str | None:
+    """Refuse literal arguments that would make a backend tool run for minutes. Returns a reason or None.
+
+    Arguments are bound to parameter names first, so positional and keyword spellings are guarded alike; a call
+    that does not bind is left to the tool, which raises the TypeError the official executor would report.
+    """
+    try:
+        bound = _signature(class_name, call.name).bind(None, *call.positional, **dict(call.arguments))
+    except TypeError:
+        return None
+    values = bound.arguments
+    for name in ("precision", "decimal_places"):
+        value = values.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_PRECISION_DIGITS:
+            return f"{name} {value} is above the limit of {MAX_PRECISION_DIGITS} digits"
+    if call.name == "power":
         base, exponent = values.get("base"), values.get("exponent")
-        if len(call.positional) >= 1:
-            base = call.positional[0]
-        if len(call.positional) >= 2:
-            exponent = call.positional[1]
         if isinstance(base, int) and isinstance(exponent, int) and abs(base) > 1 and exponent > 0:
             if exponent * math.log2(abs(base)) > 65_536:  # results past 64 Ki bits only burn CPU and memory
                 return "power result would exceed 65536 bits"
@@ -240,7 +250,7 @@ class _Backend:
         if allowed is not None and call.name not in allowed:
             reason = f"function {call.name!r} is not available in this turn"
             return f"Error during execution: {reason}", reason
-        guard = _guard_arguments(call.name, call)
+        guard = _guard_arguments(self.owner[call.name], call)
         if guard is not None:
             return f"Error during execution: {guard}", guard
         method = getattr(self.instances[self.owner[call.name]], call.name)
