@@ -38,6 +38,7 @@ test: test-venv
 
 bench: venv
 	$(BIN)/python bench/env_step.py
+	$(BIN)/python bench/signals.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,6 +1,7 @@
 """The `coevolve` command line.
 
     coevolve eval --env bfcl --category multi_turn_base --policy oracle|replay:FILE [--json] [--limit N]
+    coevolve pool DIR [--json] [--iteration T] [--source seed|synthetic]
 
 Errors a user can cause (unknown category, missing or malformed replay file) print one line on stderr and exit 2.
 Imports stay light: evaluating scripted policies never imports torch.
@@ -90,7 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="coevolve", description=__doc__.split("\n")[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
     _eval_parser(subparsers)
+    _pool_parser(subparsers)
     return parser
+
+
+def _pool_parser(subparsers) -> None:
+    from coevolve.pool_cli import add_pool_parser, run_pool
+
+    add_pool_parser(subparsers).set_defaults(handler=run_pool)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

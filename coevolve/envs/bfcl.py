@@ -164,9 +164,15 @@ def _result_text(result: Any) -> str:
     return str(result)
 
 
+_GUARDED_PARAMETERS = ("precision", "decimal_places")
+
+
 @lru_cache(maxsize=None)
-def _signature(class_name: str, method_name: str) -> inspect.Signature:
-    return inspect.signature(getattr(_backend_class(class_name), method_name))
+def _guarded_signature(class_name: str, method_name: str) -> inspect.Signature | None:
+    """The signature of a tool that needs an argument guard, or None for the (many) tools that need none."""
+    signature = inspect.signature(getattr(_backend_class(class_name), method_name))
+    needs_guard = method_name == "power" or any(name in signature.parameters for name in _GUARDED_PARAMETERS)
+    return signature if needs_guard else None
 
 
 def _guard_arguments(class_name: str, call: ToolCall) -> str | None:
@@ -175,12 +181,15 @@ def _guard_arguments(class_name: str, call: ToolCall) -> str | None:
     Arguments are bound to parameter names first, so positional and keyword spellings are guarded alike; a call
     that does not bind is left to the tool, which raises the TypeError the official executor would report.
     """
+    signature = _guarded_signature(class_name, call.name)
+    if signature is None:
+        return None
     try:
-        bound = _signature(class_name, call.name).bind(None, *call.positional, **dict(call.arguments))
+        bound = signature.bind(None, *call.positional, **dict(call.arguments))
     except TypeError:
         return None
     values = bound.arguments
-    for name in ("precision", "decimal_places"):
+    for name in _GUARDED_PARAMETERS:
         value = values.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_PRECISION_DIGITS:
             return f"{name} {value} is above the limit of {MAX_PRECISION_DIGITS} digits"

@@ -1,0 +1,110 @@
+"""`coevolve pool DIR [--json] [--iteration T] [--source ...]` (coevolve/pool_cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from coevolve.pool import TaskPool
+from coevolve.pool_cli import add_pool_parser, run_pool
+from coevolve.records import Provenance, Task
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="coevolve")
+    add_pool_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["pool", *argv])
+
+
+def make_task(name: str, call: str, provenance: Provenance | None = None) -> Task:
+    return Task.create("bfcl", name, [[{"role": "user", "content": f"please {name}"}]], {}, [[call]],
+                       provenance=provenance)
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    seeds = [make_task("multi_turn_base_0", "ls()"), make_task("multi_turn_base_1", "pwd()")]
+    child = make_task("[bold red]not markup[/]", "cd(folder='x')",
+                      Provenance("synthetic", seeds[0].id, "forgetting", "episode-7", 0, "accepted"))
+    with TaskPool(tmp_path / "pool.sqlite") as pool:
+        pool.add_tasks(seeds, 0)
+        pool.add_tasks([child], 1)
+    return tmp_path, seeds, child
+
+
+def test_table_lists_the_latest_pool_with_provenance(run_dir, capsys):
+    directory, seeds, child = run_dir
+    assert run_pool(parse(str(directory))) == 0
+    out = capsys.readouterr().out
+    assert "D_1: 3 tasks (2 seed, 1 synthetic)" in out
+    for task in (*seeds, child):
+        assert task.id in out
+    child_line = next(line for line in out.splitlines() if child.id in line)
+    for value in ("[bold red]not markup[/]", "synthetic", "forgetting", seeds[0].id, "accepted"):
+        assert value in child_line  # printed literally: task fields are never rich markup
+
+
+def test_json_is_one_object_with_every_field(run_dir, capsys):
+    directory, seeds, child = run_dir
+    assert run_pool(parse(str(directory), "--json")) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["iteration"] == 1
+    assert [row["id"] for row in document["tasks"]] == [seeds[0].id, seeds[1].id, child.id]
+    assert document["tasks"][2] == {
+        "id": child.id, "name": child.name, "env": "bfcl", "source": "synthetic", "signal": "forgetting",
+        "parent": seeds[0].id, "episode": "episode-7", "iteration": 0, "verdict": "accepted", "added_iteration": 1,
+    }
+
+
+def test_earlier_iteration_and_source_filter(run_dir, capsys):
+    directory, seeds, child = run_dir
+    assert run_pool(parse(str(directory), "--json", "--iteration", "0")) == 0
+    assert [row["id"] for row in json.loads(capsys.readouterr().out)["tasks"]] == [seeds[0].id, seeds[1].id]
+    assert run_pool(parse(str(directory), "--json", "--source", "synthetic")) == 0
+    assert [row["id"] for row in json.loads(capsys.readouterr().out)["tasks"]] == [child.id]
+
+
+def test_empty_pool_prints_no_tasks(tmp_path, capsys):
+    TaskPool(tmp_path / "pool.sqlite").close()
+    assert run_pool(parse(str(tmp_path), "--json")) == 0
+    assert json.loads(capsys.readouterr().out) == {"iteration": None, "tasks": []}
+
+
+@pytest.mark.parametrize(("setup", "argv", "message"), [
+    (lambda d: None, ["{d}/absent"], "no such directory"),
+    (lambda d: None, ["{d}"], "no pool.sqlite in"),
+    (lambda d: (d / "pool.sqlite").write_bytes(b"this is not a database" * 100), ["{d}"], "cannot read"),
+    (lambda d: TaskPool(d / "pool.sqlite").close(), ["{d}", "--iteration", "3"], "no iteration 3"),
+])
+def test_errors_are_one_line_on_stderr_with_status_2(tmp_path, capsys, setup, argv, message):
+    setup(tmp_path)
+    assert run_pool(parse(*(arg.format(d=tmp_path) for arg in argv))) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and message in captured.err and captured.err.startswith("coevolve pool:")
+
+
+def test_unknown_source_is_a_usage_error(tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        parse(str(tmp_path), "--source", "imagined")
+    assert exit_info.value.code == 2
+
+
+def test_coevolve_pool_command_end_to_end(run_dir):
+    """The wired-up `coevolve pool` subcommand, as a user runs it."""
+    import subprocess
+    import sys
+
+    directory, seeds, child = run_dir
+    command = [sys.executable, "-m", "coevolve.cli", "pool", str(directory)]
+    listed = subprocess.run([*command, "--json"], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)["tasks"]
+    assert {row["id"] for row in rows} == {seeds[0].id, seeds[1].id, child.id}
+    assert next(row for row in rows if row["id"] == child.id)["parent"] == child.provenance.parent_id
+    table = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0 and child.name in table.stdout
+    missing = subprocess.run([*command[:-1], str(directory / "nope")], capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1
