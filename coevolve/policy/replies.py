@@ -1,0 +1,97 @@
+"""Splitting a model's reply into the tool calls it makes, for the two formats our users meet.
+
+- `hermes`: Hermes / Qwen2.5 / Qwen3 function calling, `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`,
+  one block per call, any text around them. A block left open at the end of the reply (generation stopped at a
+  token limit) still counts as a call attempt.
+- `python`: BFCL's prompting format, `[f(a=1), g(b='x')]` (or a single call), possibly inside a ``` fence.
+
+`split_reply` only finds where calls are; it never interprets them. Each call comes back as text, and the env
+parses it (`coevolve.calls`, no evaluation), so a malformed call becomes an error observation with the env's own
+reason, exactly as a well-formed but wrong one does. A reply in which no call is attempted ends the model's turn.
+
+What counts as an attempt: any `<tool_call>` tag (hermes); in python format, text whose first non-blank token
+(after an optional fence) opens a call or a list of calls (`name(` or `[name(`) — prose and code blocks that do
+something else are treated as talk, since BFCL scores them as no call either.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import warnings
+from dataclasses import dataclass
+
+REPLY_FORMATS = ("hermes", "python")
+
+_HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
+_FENCE = re.compile(r"^\s*```[A-Za-z0-9_+-]*\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
+_CALL_START = re.compile(r"^\s*\[?\s*[A-Za-z_][A-Za-z0-9_]*\s*\(")
+MAX_CALLS_PER_REPLY = 64
+
+
+@dataclass(frozen=True)
+class SplitReply:
+    """Where the calls of one reply are."""
+
+    call_texts: tuple[str, ...]
+    """Each attempted call as written (hermes: the JSON inside the tags; python: one call's source)."""
+    content: str
+    """The reply's text outside the calls (what the model said to the user)."""
+    truncated: bool = False
+    """True when more than `MAX_CALLS_PER_REPLY` calls were attempted and the rest were dropped."""
+
+    @property
+    def has_calls(self) -> bool:
+        return bool(self.call_texts)
+
+
+def split_reply(text: str, reply_format: str) -> SplitReply:
+    if reply_format == "hermes":
+        return _split_hermes(text)
+    if reply_format == "python":
+        return _split_python(text)
+    raise ValueError(f"unknown reply format {reply_format!r}; choose one of {REPLY_FORMATS}")
+
+
+def _limited(calls: list[str], content: str) -> SplitReply:
+    truncated = len(calls) > MAX_CALLS_PER_REPLY
+    return SplitReply(tuple(calls[:MAX_CALLS_PER_REPLY]), content, truncated)
+
+
+def _split_hermes(text: str) -> SplitReply:
+    calls: list[str] = []
+    outside: list[str] = []
+    position = 0
+    while True:
+        start = text.find(_HERMES_OPEN, position)
+        if start < 0:
+            outside.append(text[position:])
+            break
+        outside.append(text[position:start])
+        body_start = start + len(_HERMES_OPEN)
+        end = text.find(_HERMES_CLOSE, body_start)
+        if end < 0:  # left open: generation stopped inside the call
+            calls.append(text[body_start:].strip())
+            break
+        calls.append(text[body_start:end].strip())
+        position = end + len(_HERMES_CLOSE)
+    return _limited(calls, "".join(outside).strip())
+
+
+def _split_python(text: str) -> SplitReply:
+    body = text.strip()
+    fenced = _FENCE.match(body)
+    if fenced:
+        body = fenced.group(1).strip()
+    if not _CALL_START.match(body):
+        return SplitReply((), text.strip())
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # invalid escapes in model text are the model's concern
+            node = ast.parse(body, mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        # An attempted call we cannot split: hand it over whole, the env reports the syntax error.
+        return SplitReply((body,), "")
+    items = node.elts if isinstance(node, (ast.List, ast.Tuple)) else [node]
+    calls = [ast.get_source_segment(body, item) or "" for item in items]
+    return _limited(calls, "")
