@@ -16,7 +16,7 @@ any point leaves each batch either wholly there or wholly absent (tests/test_poo
 
 Duplicates: two tasks are duplicates when they start from the same state (env, initial state, env metadata such
 as BFCL's category) and their normalised query (the user text, lower-cased, whitespace collapsed) and normalised
-solution (the ground-truth calls, whitespace outside string literals removed) are equal. The second is refused,
+solution (each ground-truth call parsed and written in canonical form) are equal. The second is refused,
 with the id it duplicates. (The same query and solution from another initial state is another task: BFCL's
 long-context entries repeat base entries' queries over a larger state.)
 
@@ -37,7 +37,8 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence
 
-from coevolve.records import SIGNAL_KINDS, TASK_SOURCES, Task, content_hash
+from coevolve.calls import parse_call
+from coevolve.records import SIGNAL_KINDS, TASK_SOURCES, Task, ToolCall, canonical_json, content_hash
 
 SCHEMA_VERSION = 1
 POOL_FILENAME = "pool.sqlite"
@@ -94,28 +95,14 @@ def normalise_query(text: str) -> str:
 
 
 def normalise_call(call: str) -> str:
-    """A call string without whitespace outside string literals: `cd( folder = 'a b' )` -> `cd(folder='a b')`.
-
-    A plain scanner (quotes and backslash escapes), never `eval`/`ast`: call strings may come from a model.
-    """
-    kept: list[str] = []
-    quote: str | None = None
-    escaped = False
-    for char in call:
-        if quote is not None:
-            kept.append(char)
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == quote:
-                quote = None
-        elif char in "'\"":
-            quote = char
-            kept.append(char)
-        elif not char.isspace():
-            kept.append(char)
-    return "".join(kept)
+    """The call in canonical form: parsed by `coevolve.calls` (ast, never evaluated) and written back as JSON with
+    sorted keys, so spacing, quote style and keyword order do not matter: `cd( folder = "a b" )` and
+    `cd(folder='a b')` normalise alike. A call that does not parse is kept with its whitespace collapsed."""
+    parsed = parse_call(call)
+    if isinstance(parsed, ToolCall):
+        return canonical_json({"name": parsed.name, "positional": list(parsed.positional),
+                               "arguments": dict(parsed.arguments)})
+    return " ".join(call.split())
 
 
 def dedup_key(task: Task) -> str:

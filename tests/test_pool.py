@@ -58,12 +58,15 @@ def pool(tmp_path):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def test_normalise_call_drops_whitespace_outside_string_literals_only():
-    assert normalise_call("cd( folder = 'a b' )") == "cd(folder='a b')"
+def test_normalise_call_ignores_spacing_quotes_and_keyword_order_but_not_values():
+    assert normalise_call("cd( folder = 'a b' )") == normalise_call('cd(folder="a b")')
     assert normalise_call("cd(folder='ab')") != normalise_call("cd(folder='a b')")
+    assert normalise_call("mv(source='a', destination='b')") == normalise_call("mv(destination='b',source='a')")
+    assert normalise_call("mv(source='a', destination='b')") != normalise_call("mv(source='b', destination='a')")
     escaped = 'echo(content="it\'s  \\" x", file_name = "f")'  # a quote inside the literal does not close it
-    assert normalise_call(escaped) == 'echo(content="it\'s  \\" x",file_name="f")'
-    assert normalise_call("sort(\n  file_name='a.txt'\t)") == "sort(file_name='a.txt')"
+    assert normalise_call(escaped) == normalise_call("echo(file_name='f', content='it\\'s  \" x')")
+    assert normalise_call("sort(\n  file_name='a.txt'\t)") == normalise_call("sort(file_name='a.txt')")
+    assert normalise_call("not  a   call(") == "not a call("  # unparseable: whitespace collapsed only
 
 
 def test_normalise_query_lowercases_and_collapses_whitespace():

@@ -54,30 +54,12 @@ from coevolve.records import Check, Message, Score, Step, Task, ToolCall, canoni
 CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
 SCOPES = ("exposed", "official")
 
-# The eight backend classes of the multi-turn categories (bfcl-eval's memory and web-search classes need
-# network access or heavy dependencies and are not part of these categories).
-_BACKEND_MODULES = {
-    "GorillaFileSystem": "gorilla_file_system",
-    "MathAPI": "math_api",
-    "MessageAPI": "message_api",
-    "TwitterAPI": "posting_api",
-    "TicketAPI": "ticket_api",
-    "TradingBot": "trading_bot",
-    "TravelAPI": "travel_booking",
-    "VehicleControlAPI": "vehicle_control",
-}
-_BACKEND_PACKAGE = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code"
-_STATELESS_CLASSES = frozenset({"MathAPI"})  # bfcl-eval's STATELESS_CLASSES: no scenario to load
-_FUNC_DOC_FILES = {
-    "GorillaFileSystem": "gorilla_file_system.json",
-    "MathAPI": "math_api.json",
-    "MessageAPI": "message_api.json",
-    "TwitterAPI": "posting_api.json",
-    "TicketAPI": "ticket_api.json",
-    "TradingBot": "trading_bot.json",
-    "TravelAPI": "travel_booking.json",
-    "VehicleControlAPI": "vehicle_control.json",
-}
+# The eight backend classes of the multi-turn categories. bfcl-eval's other classes (memory, web search) need
+# network access or heavy dependencies and are not part of these categories.
+MULTI_TURN_CLASSES = (
+    "GorillaFileSystem", "MathAPI", "MessageAPI", "TwitterAPI", "TicketAPI", "TradingBot", "TravelAPI",
+    "VehicleControlAPI",
+)
 HOLDOUT_TURN_MESSAGE = "I have updated some more functions you can choose from. What about now?"
 """BFCL's user message at a miss_func turn whose held-out functions become available."""
 MAX_REPLIES_PER_TURN = 20
@@ -106,16 +88,25 @@ def _read_jsonl(path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+def _backend_config():
+    # bfcl-eval's own tables (class -> module, class -> function-doc file, stateless classes): a module of
+    # constants, cheap to import.
+    from bfcl_eval.constants import executable_backend_config
+
+    return executable_backend_config
+
+
 @lru_cache(maxsize=None)
 def _function_docs(class_name: str) -> tuple[dict[str, Any], ...]:
-    return tuple(_read_jsonl(_data_dir() / "multi_turn_func_doc" / _FUNC_DOC_FILES[class_name]))
+    doc_file = _backend_config().MULTI_TURN_FUNC_DOC_FILE_MAPPING[class_name]
+    return tuple(_read_jsonl(_data_dir() / "multi_turn_func_doc" / doc_file))
 
 
 @lru_cache(maxsize=None)
 def _backend_class(class_name: str) -> type:
-    if class_name not in _BACKEND_MODULES:
-        raise ValueError(f"BFCL class {class_name!r} is not one of the multi-turn backends {sorted(_BACKEND_MODULES)}")
-    module = importlib.import_module(f"{_BACKEND_PACKAGE}.{_BACKEND_MODULES[class_name]}")
+    if class_name not in MULTI_TURN_CLASSES:
+        raise ValueError(f"BFCL class {class_name!r} is not one of the multi-turn backends {list(MULTI_TURN_CLASSES)}")
+    module = importlib.import_module(_backend_config().CLASS_FILE_PATH_MAPPING[class_name])
     return getattr(module, class_name)
 
 
@@ -206,7 +197,7 @@ def _load_instances(task: Task) -> dict[str, Any]:
     long_context = bool(task.meta.get("long_context", False))
     for class_name in task.meta["involved_classes"]:
         instance = _backend_class(class_name)()
-        if class_name not in _STATELESS_CLASSES:
+        if class_name not in _backend_config().STATELESS_CLASSES:
             # Deep copy: scenario loaders keep references into the config they are given.
             instance._load_scenario(copy.deepcopy(task.initial_state.get(class_name, {})), long_context=long_context)
         instances[class_name] = instance
