@@ -14,7 +14,7 @@ $(BIN)/python:
 $(VENV)/.installed: $(BIN)/python requirements/base.txt requirements/nodeps.txt pyproject.toml
 	$(PIP) install -r requirements/base.txt
 	$(PIP) install --no-deps -r requirements/nodeps.txt
-	$(PIP) install --no-deps --no-build-isolation -e . || $(PIP) install --no-deps -e .
+	$(PIP) install --no-deps -e .
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed requirements/test.txt
