@@ -1,6 +1,7 @@
 """The `coevolve` command line.
 
     coevolve eval --env bfcl --category multi_turn_base --policy oracle|replay:FILE [--json] [--limit N]
+    coevolve eval --env bfcl-lite --split test --policy oracle
     coevolve pool DIR [--json] [--iteration T] [--source seed|synthetic]
 
 Errors a user can cause (unknown category, missing or malformed replay file) print one line on stderr and exit 2.
@@ -10,6 +11,7 @@ Imports stay light: evaluating scripted policies never imports torch.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 from typing import Sequence
@@ -23,9 +25,10 @@ class UsageError(Exception):
 
 def _eval_parser(subparsers) -> None:
     parser = subparsers.add_parser("eval", help="score a policy on an environment's tasks")
-    parser.add_argument("--env", default="bfcl", help="environment name (default: bfcl)")
-    parser.add_argument("--category", default="multi_turn_base",
-                        help="BFCL category: base, miss_func, miss_param, long_context (multi_turn_ prefix optional)")
+    parser.add_argument("--env", default="bfcl", help="environment name: bfcl (default) or bfcl-lite")
+    parser.add_argument("--category", default=None,
+                        help="bfcl: base (default), miss_func, miss_param, long_context (multi_turn_ prefix optional)")
+    parser.add_argument("--split", default=None, help="bfcl-lite: train (default) or test")
     parser.add_argument("--policy", required=True, help="oracle | replay:FILE")
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N tasks")
     parser.add_argument("--scope", default="official", choices=("official", "exposed"),
@@ -43,8 +46,13 @@ def run_eval(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown env {args.env!r}; known: {', '.join(ENVS.names())}")
     if args.limit is not None and args.limit < 1:
         raise UsageError("--limit must be at least 1")
+    options = {name: value for name, value in (("category", args.category), ("split", args.split)) if value is not None}
+    accepted = inspect.signature(ENVS.get(args.env)).parameters
+    unknown = [f"--{name}" for name in options if name not in accepted]
+    if unknown:
+        raise UsageError(f"env {args.env!r} does not take {', '.join(unknown)}")
     try:
-        env = make_env(args.env, category=args.category, scope=args.scope)
+        env = make_env(args.env, scope=args.scope, **options)
     except ValueError as error:
         raise UsageError(str(error)) from None
     tasks = env.tasks()[: args.limit]

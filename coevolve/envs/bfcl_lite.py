@@ -1,0 +1,247 @@
+"""BFCL-lite: a small BFCL-backed environment for CPU work (the offline quickstart and the CPU experiments).
+
+Why: the full BFCL-V3 multi-turn entries (long prompts, 18-30 tools, 3-8 turns) are far beyond what a 135M model on
+two CPU cores can learn from; DESIGN.md measured SmolLM2-135M solving some one-call file-system tasks with six
+tools, and none with two calls. BFCL-lite keeps BFCL's backend, dispatch and scoring (the same `BFCLEpisode`:
+state and response checks against the ground truth) and generates short single-turn tasks over six
+GorillaFileSystem tools, from one call (most) to `max_calls` calls (a curriculum step: `cd` then act there).
+
+Generation is seeded and deterministic: task i is drawn from `random.Random(f"{seed}:{i}")`, so a task set is
+the same on every machine. Every task is checked when generated: its ground truth runs without an error and
+either changes the file system or returns information (a task that does neither is dropped). The held-out split
+is chosen by the task's content id (`held_out_fraction` of the id space), so it never overlaps the train split
+and does not depend on how many tasks were generated.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Callable
+
+from coevolve.envs import ENVS
+from coevolve.calls import DEFAULT_LIMITS, CallLimits
+from coevolve.envs.bfcl import MAX_REPLIES_PER_TURN, BFCLEnv, TruthTrace, _Backend, _function_docs
+from coevolve.records import Task
+
+LITE_TOOLS = ("ls", "cd", "mkdir", "touch", "cat", "rm")
+SPLITS = ("train", "test")
+
+_USERS = ("alex", "sam", "robin", "kim", "jordan", "taylor", "morgan", "casey")
+_DIRS = ("documents", "photos", "projects", "notes", "archive", "reports", "music", "drafts", "backup", "data")
+_FILES = ("todo.txt", "budget.csv", "report.pdf", "notes.md", "draft.txt", "summary.txt", "plan.md", "log.txt",
+          "ideas.txt", "data.json", "readme.md", "invoice.pdf")
+_NEW_FILES = ("agenda.txt", "list.md", "results.csv", "memo.txt", "outline.md", "letter.txt", "tasks.txt")
+_NEW_DIRS = ("temp", "old", "shared", "review", "final", "images", "exports", "misc")
+_CONTENTS = ("Buy milk and eggs.", "Q3 spend: 1200 USD.", "Meeting at 10am on Monday.", "Step 1: gather data.",
+             "Total: 42 items.", "Draft v2, needs review.", "Error at line 7.", "All tests passed.")
+
+
+@dataclass(frozen=True)
+class LiteConfig:
+    """What BFCL-lite generates."""
+
+    num_tasks: int = 160
+    """Tasks drawn before the split (train gets about 1 - held_out_fraction of them)."""
+    held_out_fraction: float = 0.25
+    """Share of the content-id space that forms the held-out `test` split."""
+    max_calls: int = 2
+    """Longest ground truth: 1 = one-call tasks only; 2 adds `cd` followed by one action in that folder."""
+    two_call_share: float = 0.3
+    """Share of tasks drawn from the two-call templates (when `max_calls` >= 2)."""
+    seed: int = 0
+    """Seed of the generator; the same seed gives the same tasks everywhere."""
+
+    def __post_init__(self) -> None:
+        if self.num_tasks < 1 or not 0.0 < self.held_out_fraction < 1.0 or self.max_calls not in (1, 2):
+            raise ValueError(f"invalid BFCL-lite config: {self}")
+        if not 0.0 <= self.two_call_share <= 1.0:
+            raise ValueError(f"two_call_share must lie in [0, 1], got {self.two_call_share}")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Task templates: (rng, scenario) -> (query, calls) or None when the scenario does not fit
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Scenario:
+    user: str
+    root_files: dict[str, str]
+    folders: dict[str, dict[str, str]]  # folder -> file -> content
+    hidden: bool
+
+    def config(self) -> dict:
+        contents: dict = {name: {"type": "file", "content": text} for name, text in self.root_files.items()}
+        if self.hidden:
+            contents[".settings"] = {"type": "file", "content": "theme=dark"}
+        for folder, files in self.folders.items():
+            contents[folder] = {"type": "directory", "contents": {
+                name: {"type": "file", "content": text} for name, text in files.items()}}
+        return {"GorillaFileSystem": {"root": {self.user: {"type": "directory", "contents": contents}}}}
+
+
+Template = Callable[[random.Random, _Scenario], "tuple[str, list[str]] | None"]
+
+
+def _pick(rng: random.Random, options, exclude=()) -> str | None:
+    choices = [option for option in options if option not in exclude]
+    return rng.choice(choices) if choices else None
+
+
+def _ls(rng, s):
+    if s.hidden and rng.random() < 0.5:
+        return rng.choice(["List everything in the current folder, hidden files included.",
+                           "Show all files here, including the hidden ones."]), ["ls(a=True)"]
+    return rng.choice(["What is in the current folder?", "List the files here.",
+                       "Show me the contents of this directory."]), ["ls()"]
+
+
+def _mkdir(rng, s):
+    name = _pick(rng, _NEW_DIRS, s.folders)
+    phrase = rng.choice(["Create a folder named '{}'.", "Make a new directory called '{}'.", "Add a '{}' folder here."])
+    return phrase.format(name), [f"mkdir(dir_name='{name}')"]
+
+
+def _touch(rng, s):
+    name = _pick(rng, _NEW_FILES, s.root_files)
+    phrase = rng.choice(["Create an empty file called '{}'.", "Make a new file named '{}'.", "Touch a file '{}'."])
+    return phrase.format(name), [f"touch(file_name='{name}')"]
+
+
+def _cat(rng, s):
+    if not s.root_files:
+        return None
+    name = rng.choice(sorted(s.root_files))
+    phrase = rng.choice(["Show me what is inside '{}'.", "Print the contents of '{}'.", "What does '{}' say?"])
+    return phrase.format(name), [f"cat(file_name='{name}')"]
+
+
+def _rm(rng, s):
+    if not s.root_files:
+        return None
+    name = rng.choice(sorted(s.root_files))
+    phrase = rng.choice(["Delete the file '{}'.", "Remove '{}' from this folder.", "Please get rid of '{}'."])
+    return phrase.format(name), [f"rm(file_name='{name}')"]
+
+
+def _cd(rng, s):
+    if not s.folders:
+        return None
+    name = rng.choice(sorted(s.folders))
+    phrase = rng.choice(["Go into the '{}' folder.", "Change into the directory '{}'.", "Open the '{}' folder."])
+    return phrase.format(name), [f"cd(folder='{name}')"]
+
+
+def _cd_then(action: str) -> Template:
+    def template(rng, s):
+        if not s.folders:
+            return None
+        folder = rng.choice(sorted(s.folders))
+        files = s.folders[folder]
+        if action == "mkdir":
+            name = _pick(rng, _NEW_DIRS, files)
+            return f"Go into '{folder}' and create a folder named '{name}' there.", [
+                f"cd(folder='{folder}')", f"mkdir(dir_name='{name}')"]
+        if action == "touch":
+            name = _pick(rng, _NEW_FILES, files)
+            return f"In the '{folder}' folder, create an empty file '{name}'.", [
+                f"cd(folder='{folder}')", f"touch(file_name='{name}')"]
+        if action == "ls":
+            return f"Go into '{folder}' and list what is there.", [f"cd(folder='{folder}')", "ls()"]
+        if not files:
+            return None
+        name = rng.choice(sorted(files))
+        if action == "cat":
+            return f"Open the '{folder}' folder and show me '{name}'.", [
+                f"cd(folder='{folder}')", f"cat(file_name='{name}')"]
+        return f"In the '{folder}' folder, delete '{name}'.", [f"cd(folder='{folder}')", f"rm(file_name='{name}')"]
+
+    return template
+
+
+ONE_CALL_TEMPLATES: tuple[Template, ...] = (_ls, _mkdir, _touch, _cat, _rm, _cd)
+TWO_CALL_TEMPLATES: tuple[Template, ...] = tuple(_cd_then(action) for action in ("mkdir", "touch", "ls", "cat", "rm"))
+
+
+def _scenario(rng: random.Random) -> _Scenario:
+    folders = {
+        folder: {name: rng.choice(_CONTENTS) for name in rng.sample(_FILES, rng.randint(0, 2))}
+        for folder in rng.sample(_DIRS, rng.randint(1, 3))
+    }
+    root_files = {name: rng.choice(_CONTENTS) for name in rng.sample(_FILES, rng.randint(1, 3))}
+    return _Scenario(rng.choice(_USERS), root_files, folders, hidden=rng.random() < 0.4)
+
+
+def _meta() -> dict:
+    excluded = [doc["name"] for doc in _function_docs("GorillaFileSystem") if doc["name"] not in LITE_TOOLS]
+    return {"category": "lite", "involved_classes": ["GorillaFileSystem"], "missed_function": {},
+            "excluded_function": excluded, "long_context": False}
+
+
+def _is_useful(task: Task) -> bool:
+    """The ground truth runs without an error and changes the state or returns information."""
+    trace = TruthTrace.of(task, DEFAULT_LIMITS)
+    results = [result for turn in trace.results for result in turn]
+    if any('"error"' in result or result.startswith("Error during execution") for result in results):
+        return False
+    changed = trace.states[-1] != _Backend(task).state()
+    informative = any(result not in ("None", "{}") for result in results)
+    return changed or informative
+
+
+def generate_tasks(config: LiteConfig = LiteConfig()) -> list[Task]:
+    """All generated tasks (both splits), deterministic for a config, without duplicates."""
+    tasks: dict[str, Task] = {}
+    meta = _meta()
+    for index in range(config.num_tasks):
+        rng = random.Random(f"{config.seed}:{index}")
+        scenario = _scenario(rng)
+        two_calls = config.max_calls >= 2 and rng.random() < config.two_call_share
+        templates = TWO_CALL_TEMPLATES if two_calls else ONE_CALL_TEMPLATES
+        drawn = None
+        for template in rng.sample(templates, len(templates)):  # the first template that fits the scenario
+            drawn = template(rng, scenario)
+            if drawn is not None:
+                break
+        if drawn is None:
+            continue
+        query, calls = drawn
+        task = Task.create("bfcl-lite", f"lite_{config.seed}_{index}", [[{"role": "user", "content": query}]],
+                           scenario.config(), [calls], {**meta, "num_calls": len(calls)})
+        if task.id not in tasks and _is_useful(task):
+            tasks[task.id] = task
+    return list(tasks.values())
+
+
+def split_of(task: Task, held_out_fraction: float) -> str:
+    """`test` for the held-out share of the content-id space, else `train`."""
+    return "test" if int(task.id, 16) / 16 ** len(task.id) < held_out_fraction else "train"
+
+
+@ENVS.register("bfcl-lite")
+class BFCLLiteEnv(BFCLEnv):
+    """BFCL-lite tasks of one split, scored by BFCL's own checks (see the module docstring)."""
+
+    name = "bfcl-lite"
+
+    def __init__(
+        self,
+        split: str = "train",
+        config: LiteConfig = LiteConfig(),
+        scope: str = "exposed",
+        max_replies_per_turn: int = MAX_REPLIES_PER_TURN,
+        limits: CallLimits = DEFAULT_LIMITS,
+        truth_cache_size: int = 512,
+    ) -> None:
+        if split not in SPLITS:
+            raise ValueError(f"unknown BFCL-lite split {split!r}; choose one of {SPLITS}")
+        super().__init__("multi_turn_base", scope, max_replies_per_turn, limits, truth_cache_size)
+        self.category = f"lite/{split}"
+        self.split = split
+        self.config = config
+
+    def tasks(self) -> list[Task]:
+        if self._tasks is None:
+            self._tasks = [t for t in generate_tasks(self.config) if split_of(t, self.config.held_out_fraction) == self.split]
+        return list(self._tasks)
