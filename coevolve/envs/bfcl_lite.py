@@ -97,40 +97,32 @@ def _ls(rng, s):
                        "Show me the contents of this directory."]), ["ls()"]
 
 
-def _mkdir(rng, s):
-    name = _pick(rng, _NEW_DIRS, s.folders)
-    phrase = rng.choice(["Create a folder named '{}'.", "Make a new directory called '{}'.", "Add a '{}' folder here."])
-    return phrase.format(name), [f"mkdir(dir_name='{name}')"]
+def _one_call(tool: str, argument: str, choose, phrases: tuple[str, ...]) -> Template:
+    """A one-call task: `choose` picks the argument from the scenario (None: the template does not fit)."""
+
+    def template(rng, s):
+        name = choose(rng, s)
+        if name is None:
+            return None
+        return rng.choice(phrases).format(name), [f"{tool}({argument}='{name}')"]
+
+    return template
 
 
-def _touch(rng, s):
-    name = _pick(rng, _NEW_FILES, s.root_files)
-    phrase = rng.choice(["Create an empty file called '{}'.", "Make a new file named '{}'.", "Touch a file '{}'."])
-    return phrase.format(name), [f"touch(file_name='{name}')"]
+def _existing(names):
+    return lambda rng, s: rng.choice(sorted(names(s))) if names(s) else None
 
 
-def _cat(rng, s):
-    if not s.root_files:
-        return None
-    name = rng.choice(sorted(s.root_files))
-    phrase = rng.choice(["Show me what is inside '{}'.", "Print the contents of '{}'.", "What does '{}' say?"])
-    return phrase.format(name), [f"cat(file_name='{name}')"]
-
-
-def _rm(rng, s):
-    if not s.root_files:
-        return None
-    name = rng.choice(sorted(s.root_files))
-    phrase = rng.choice(["Delete the file '{}'.", "Remove '{}' from this folder.", "Please get rid of '{}'."])
-    return phrase.format(name), [f"rm(file_name='{name}')"]
-
-
-def _cd(rng, s):
-    if not s.folders:
-        return None
-    name = rng.choice(sorted(s.folders))
-    phrase = rng.choice(["Go into the '{}' folder.", "Change into the directory '{}'.", "Open the '{}' folder."])
-    return phrase.format(name), [f"cd(folder='{name}')"]
+_mkdir = _one_call("mkdir", "dir_name", lambda rng, s: _pick(rng, _NEW_DIRS, s.folders), (
+    "Create a folder named '{}'.", "Make a new directory called '{}'.", "Add a '{}' folder here."))
+_touch = _one_call("touch", "file_name", lambda rng, s: _pick(rng, _NEW_FILES, s.root_files), (
+    "Create an empty file called '{}'.", "Make a new file named '{}'.", "Touch a file '{}'."))
+_cat = _one_call("cat", "file_name", _existing(lambda s: s.root_files), (
+    "Show me what is inside '{}'.", "Print the contents of '{}'.", "What does '{}' say?"))
+_rm = _one_call("rm", "file_name", _existing(lambda s: s.root_files), (
+    "Delete the file '{}'.", "Remove '{}' from this folder.", "Please get rid of '{}'."))
+_cd = _one_call("cd", "folder", _existing(lambda s: s.folders), (
+    "Go into the '{}' folder.", "Change into the directory '{}'.", "Open the '{}' folder."))
 
 
 def _cd_then(action: str) -> Template:
