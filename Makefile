@@ -11,7 +11,9 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed: $(BIN)/python requirements/base.txt requirements/nodeps.txt pyproject.toml
+# torch goes in first and on its own: pinned to the CPU wheel, so nothing later can pull a CUDA build.
+$(VENV)/.installed: $(BIN)/python requirements/torch.txt requirements/base.txt requirements/nodeps.txt pyproject.toml
+	$(PIP) install -r requirements/torch.txt
 	$(PIP) install -r requirements/base.txt
 	$(PIP) install --no-deps -r requirements/nodeps.txt
 	$(PIP) install --no-deps -e .
@@ -39,6 +41,8 @@ test: test-venv
 bench: venv
 	$(BIN)/python bench/env_step.py
 	$(BIN)/python bench/signals.py
+	$(BIN)/python bench/rollout.py
+	$(BIN)/python bench/zero_shot.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,7 +1,9 @@
 """The `coevolve` command line.
 
     coevolve eval --env bfcl --category multi_turn_base --policy oracle|replay:FILE [--json] [--limit N]
-    coevolve eval --env bfcl-lite --split test --policy oracle
+    coevolve eval --env bfcl-lite --split test --policy model:smollm2 [--backend transformers|vllm|openai]
+                  [--samples K] [--format python|hermes] [--demos N] [--temperature T]
+    coevolve serve --model smollm2 [--port 8000]
     coevolve pool DIR [--json] [--iteration T] [--source seed|synthetic]
 
 Errors a user can cause (unknown category, missing or malformed replay file) print one line on stderr and exit 2.
@@ -29,8 +31,25 @@ def _eval_parser(subparsers) -> None:
     parser.add_argument("--category", default=None,
                         help="bfcl: base (default), miss_func, miss_param, long_context (multi_turn_ prefix optional)")
     parser.add_argument("--split", default=None, help="bfcl-lite: train (default) or test")
-    parser.add_argument("--policy", required=True, help="oracle | replay:FILE")
+    parser.add_argument("--policy", required=True,
+                        help="oracle | replay:FILE | model:ID_OR_PATH (model:smollm2 = the shipped offline model; "
+                             "with --backend openai, the served model's name)")
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N tasks")
+    model = parser.add_argument_group("model policies")
+    model.add_argument("--backend", default="transformers", choices=("transformers", "vllm", "openai"))
+    model.add_argument("--base-url", default=None, help="openai backend: the endpoint, e.g. http://localhost:8000/v1")
+    model.add_argument("--samples", type=int, default=1, help="K samples per task (accuracy = mean success)")
+    model.add_argument("--format", dest="reply_format", default="python", choices=("python", "hermes"),
+                       help="tool-call format the model is prompted for (default: BFCL's Python-call list)")
+    model.add_argument("--demos", type=int, default=0,
+                       help="worked examples in the prompt, solved by their ground truth, taken from tasks that are "
+                            "not evaluated (the train split for bfcl-lite)")
+    model.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    model.add_argument("--max-new-tokens", type=int, default=256, help="token budget of one reply")
+    model.add_argument("--max-replies-per-turn", type=int, default=4)
+    model.add_argument("--seed", type=int, default=0)
+    model.add_argument("--device", default="auto")
+    model.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
     parser.add_argument("--scope", default="official", choices=("official", "exposed"),
                         help="dispatch scope: official = every public method of the involved classes, as the "
                              "official BFCL executor (default); exposed = only the tools shown in the turn")
@@ -55,6 +74,8 @@ def run_eval(args: argparse.Namespace) -> int:
         env = make_env(args.env, scope=args.scope, **options)
     except ValueError as error:
         raise UsageError(str(error)) from None
+    if args.policy.startswith("model:"):
+        return _eval_model(args, env, options)
     tasks = env.tasks()[: args.limit]
     if args.policy == "oracle":
         script_for = oracle_script
@@ -65,13 +86,67 @@ def run_eval(args: argparse.Namespace) -> int:
             raise UsageError(str(error)) from None
         script_for = lambda task: scripts.get(task.name)  # noqa: E731
     else:
-        raise UsageError(f"unknown policy {args.policy!r}; use oracle or replay:FILE")
+        raise UsageError(f"unknown policy {args.policy!r}; use oracle, replay:FILE or model:ID_OR_PATH")
     report = evaluate(env, tasks, script_for, args.policy, getattr(env, "category", ""))
     if args.json:
         print(json.dumps(report.to_dict()))
     else:
         _print_report(report)
     return 0
+
+
+def _eval_model(args: argparse.Namespace, env, options: dict) -> int:
+    from coevolve.envs import make_env
+    from coevolve.evaluate import evaluate_model
+    from coevolve.policy.backends import BackendUnavailable, SamplingConfig, make_backend
+    from coevolve.policy.chat import ChatRenderer, build_demonstrations
+    from coevolve.policy.models import ModelError
+    from coevolve.rollout import RolloutConfig
+
+    spec = args.policy.removeprefix("model:")
+    if not spec:
+        raise UsageError("model: needs a model id or path, e.g. model:smollm2")
+    if args.samples < 1 or args.demos < 0 or args.max_new_tokens < 1 or args.temperature < 0:
+        raise UsageError("--samples and --max-new-tokens must be >= 1, --demos and --temperature >= 0")
+    if args.backend == "openai" and not args.base_url:
+        raise UsageError("--backend openai needs --base-url (or use a hosted endpoint's URL)")
+    tasks = env.tasks()
+    demo_tasks: list = []
+    if args.demos:
+        if "split" in options or hasattr(env, "split"):
+            demo_env = make_env(args.env, scope=args.scope, split="train")
+            demo_tasks = [t for t in demo_env.tasks() if t.id not in {task.id for task in tasks}]
+        else:  # no train split: take the examples from the end of the list and keep them out of the evaluation
+            demo_env, demo_tasks, tasks = env, tasks[-args.demos:], tasks[:-args.demos]
+    tasks = tasks[: args.limit]
+    try:
+        backend = make_backend(args.backend, spec, device=args.device, dtype=args.dtype, base_url=args.base_url)
+    except (ModelError, BackendUnavailable) as error:
+        raise UsageError(str(error)) from None
+    demos = build_demonstrations(demo_env, demo_tasks, args.reply_format, args.demos) if args.demos else ()
+    renderer = ChatRenderer(getattr(backend, "tokenizer", None), args.reply_format, demonstrations=demos)
+    config = RolloutConfig(group_size=args.samples, max_new_tokens=args.max_new_tokens,
+                           max_replies_per_turn=args.max_replies_per_turn,
+                           sampling=SamplingConfig(temperature=args.temperature, seed=args.seed))
+    report, _ = _with_progress(lambda progress: evaluate_model(
+        env, tasks, backend, renderer, config, args.policy, getattr(env, "category", ""), progress), quiet=args.json)
+    if args.json:
+        print(json.dumps(report.to_dict()))
+    else:
+        _print_report(report)
+    return 0
+
+
+def _with_progress(work, quiet: bool):
+    """Run `work(progress)` under a rich progress bar of finished episodes (on stderr; none with --json)."""
+    if quiet:
+        return work(None)
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        job = bar.add_task("episodes", total=None)
+        return work(lambda done, total: bar.update(job, completed=done, total=total))
 
 
 def _print_report(report) -> None:
@@ -81,9 +156,9 @@ def _print_report(report) -> None:
     console = Console()
     console.print(f"[bold]{report.env}[/bold] {report.category}, policy [bold]{report.policy}[/bold]")
     table = Table()
-    for column in ("tasks", "correct", "accuracy"):
+    for column in ("tasks", "samples", "correct", "accuracy"):
         table.add_column(column, justify="right")
-    table.add_row(str(report.n), str(report.correct), f"{report.accuracy:.4f}")
+    table.add_row(str(len(report.per_task())), str(report.samples), str(report.correct), f"{report.accuracy:.4f}")
     console.print(table)
     failures = [r for r in report.results if not r.score.success]
     if failures:
@@ -99,8 +174,40 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="coevolve", description=__doc__.split("\n")[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
     _eval_parser(subparsers)
+    _serve_parser(subparsers)
     _pool_parser(subparsers)
     return parser
+
+
+def _serve_parser(subparsers) -> None:
+    parser = subparsers.add_parser("serve", help="an OpenAI-compatible chat endpoint over a local model")
+    parser.add_argument("--model", default="smollm2", help="model id or path (default: the shipped SmolLM2)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    parser.set_defaults(handler=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import time
+
+    from coevolve.policy.backends import make_backend
+    from coevolve.policy.models import ModelError
+    from coevolve.policy.serve import ChatServer
+
+    try:
+        backend = make_backend("transformers", args.model, device=args.device, dtype=args.dtype)
+    except ModelError as error:
+        raise UsageError(str(error)) from None
+    server = ChatServer(backend, model_name=args.model, host=args.host, port=args.port).start()
+    print(f"serving {args.model} at {server.base_url} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        server.stop()
+    return 0
 
 
 def _pool_parser(subparsers) -> None:

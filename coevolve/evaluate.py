@@ -6,7 +6,8 @@ Two scripted policies, both free of any model or torch import so `coevolve eval`
   calls (one reply) or a list of lists of calls (several replies); a call is a Python-call string such as
   `cd(folder='x')` or a JSON object `{"name": ..., "arguments": {...}}`. A task with no line in the file scores 0;
   a line whose number of turns differs from the task's scores 0 (BFCL's `force_terminated`).
-Model policies, which generate while they act, run through the rollout engine instead.
+Model policies generate while they act: `evaluate_model` runs them through the rollout engine (K samples per
+task; `accuracy` is then the mean success over all samples, an estimate of pass@1).
 """
 
 from __future__ import annotations
@@ -53,6 +54,19 @@ class EvalReport:
     def accuracy(self) -> float:
         return self.correct / self.n if self.n else 0.0
 
+    @property
+    def samples(self) -> int:
+        """Samples per task (K); each task's results are consecutive."""
+        names = {r.name for r in self.results}
+        return len(self.results) // len(names) if names else 1
+
+    def per_task(self) -> dict[str, float | int]:
+        """Task name -> 0/1 (one sample per task) or the task's success rate over its samples."""
+        totals: dict[str, list[int]] = {}
+        for result in self.results:
+            totals.setdefault(result.name, []).append(int(result.score.success))
+        return {name: (v[0] if len(v) == 1 else sum(v) / len(v)) for name, v in totals.items()}
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "env": self.env,
@@ -61,7 +75,8 @@ class EvalReport:
             "accuracy": self.accuracy,
             "n": self.n,
             "correct": self.correct,
-            "per_task": {r.name: int(r.score.success) for r in self.results},
+            "samples": self.samples,
+            "per_task": self.per_task(),
             "failures": {r.name: list(r.score.reasons) for r in self.results if not r.score.success},
         }
 
@@ -153,3 +168,19 @@ def load_replay(path: str | Path, known_names: set[str] | None = None) -> dict[s
                 raise ReplayError(f"{where}: unknown task id {name!r} for this env/category")
             scripts[name] = [_normalise_turn(turn, where) for turn in turns]
     return scripts
+
+
+def evaluate_model(env: Env, tasks: Sequence[Task], backend: Any, renderer: Any, config: Any, policy: str,
+                   category: str = "", progress: Callable[[int, int], None] | None = None) -> tuple[EvalReport, Any]:
+    """Score a model policy: one rollout batch of `config.group_size` samples per task. Returns the report and
+    the `RolloutBatch` (trajectories with their steps, for logging)."""
+    from coevolve.rollout import rollout
+
+    batch = rollout(env, tasks, backend, renderer, config, progress=progress)
+    names = {task.id: task.name for task in tasks}
+    results = []
+    for trajectory in batch.trajectories:
+        # The trajectory keeps the reasons of its failed checks (and truncation notes) as text.
+        failed = () if trajectory.score >= 1.0 else tuple(Check(0, "episode", False, r) for r in trajectory.reasons)
+        results.append(TaskResult(names[trajectory.task_id], trajectory.task_id, Score(trajectory.score, failed)))
+    return EvalReport(env.name, category, policy, tuple(results)), batch

@@ -87,3 +87,24 @@ def test_eval_of_scripted_policies_does_not_import_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "HEAVY []" in result.stdout
+
+
+def test_model_policy_runs_offline_with_the_shipped_smollm2(smol_dir):
+    result = run_cli("eval", "--env", "bfcl-lite", "--split", "test", "--policy", "model:smollm2", "--limit", "2",
+                     "--demos", "2", "--max-new-tokens", "40", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["n"] == 2 and report["samples"] == 1 and set(report["per_task"].values()) <= {0, 1}
+    assert report["policy"] == "model:smollm2" and 0.0 <= report["accuracy"] <= 1.0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--policy", "model:smollm2", "--backend", "vllm"], "vllm backend needs the `vllm` package"),
+    (["--policy", "model:smollm2", "--backend", "openai"], "needs --base-url"),
+    (["--policy", "model:/nonexistent/model"], "cannot load"),
+    (["--policy", "model:smollm2", "--samples", "0"], "must be >= 1"),
+])
+def test_model_policy_errors_are_one_line(args, message):
+    result = run_cli("eval", "--env", "bfcl-lite", "--limit", "1", *args)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr

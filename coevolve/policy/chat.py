@@ -1,0 +1,286 @@
+"""Prompt rendering through the tokenizer's chat template, token by token, for multi-turn tool use.
+
+A rollout's token stream is the opening prompt followed by alternating pieces: the model's own reply tokens
+(loss mask 1, kept exactly as sampled, never re-tokenized) and the tokens the template and the environment add
+between replies (mask 0): the end of the assistant turn, the tool results, the next user turn and the next
+generation prompt. `ChatRenderer` produces those pieces.
+
+Rendering rules
+- The template is applied to whole message lists; the tokens between two replies are the *difference* between
+  rendering the conversation up to an assistant message and rendering it with the new messages appended (plus the
+  generation prompt). A template that is not prefix-stable under appending (it rewrites earlier turns) is
+  refused with a clear error rather than silently misaligning masks.
+- Tool schemas go to the template's `tools` argument when the template renders them (Qwen2.5/Qwen3, Llama 3.x);
+  templates that ignore `tools` (SmolLM2's ChatML template does) get them in the system prompt instead, with the
+  calling convention of the chosen reply format. The `python` format always uses the system prompt, since BFCL's
+  Python-call convention is a prompting convention, not a template feature.
+- BFCL function docs use `"type": "dict"` and a few other non-JSON-Schema names; `to_openai_tools` converts them
+  the way BFCL's own function-calling handlers do.
+- Tools released in the middle of an episode (BFCL miss_func) are announced in the user message of the turn that
+  releases them: re-rendering the system prompt would rewrite the prefix the model already conditioned on.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from coevolve.calls import parse_call
+from coevolve.records import Task, ToolCall
+
+_TYPE_NAMES = {
+    "dict": "object", "float": "number", "double": "number", "tuple": "array", "list": "array", "any": "string",
+    "bool": "boolean", "int": "integer", "long": "integer", "short": "integer", "char": "string",
+}
+
+PYTHON_SYSTEM = (
+    "You are an expert in composing function calls. You are given a task and a set of functions. Make one or more "
+    "function calls to accomplish the task.\n\n"
+    "To call functions, reply with ONLY a list of calls in this exact format, with keyword arguments:\n"
+    "[func_name1(param1=value1, param2=value2), func_name2(param=value)]\n"
+    "You will then see the results. When the task is done, or no function can help, reply in plain words "
+    "without any call; that ends your turn.\n\n"
+    "Here is the list of functions in JSON format that you can invoke:\n{tools}\n"
+)
+
+HERMES_SYSTEM = (
+    "You are a helpful assistant that uses tools.\n\n# Tools\n\n"
+    "You may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within <tool_call></tool_call> "
+    "XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n</tool_call>\n"
+    "When the task is done, reply in plain words without any call; that ends your turn."
+)
+
+NEW_TOOLS_NOTE = "\n\n(New functions are now available: {tools})"
+
+
+class TemplateError(ValueError):
+    """The tokenizer's chat template cannot render a multi-turn tool conversation consistently."""
+
+
+def _convert_schema(node: Any) -> Any:
+    if isinstance(node, Mapping):
+        out = {}
+        for key, value in node.items():
+            if key == "type" and isinstance(value, str):
+                out[key] = _TYPE_NAMES.get(value, value)
+            elif key == "response":
+                continue  # BFCL's return-value docs: not part of a function schema
+            else:
+                out[key] = _convert_schema(value)
+        return out
+    if isinstance(node, list):
+        return [_convert_schema(item) for item in node]
+    return node
+
+
+def to_openai_tools(docs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """BFCL function docs -> OpenAI / chat-template tool schemas (`{"type": "function", "function": {...}}`)."""
+    tools = []
+    for doc in docs:
+        if doc.get("type") == "function" and "function" in doc:  # already in this shape
+            tools.append(copy.deepcopy(dict(doc)))
+            continue
+        function = {"name": doc["name"], "description": doc.get("description", "")}
+        function["parameters"] = _convert_schema(doc.get("parameters", {"type": "object", "properties": {}}))
+        tools.append({"type": "function", "function": function})
+    return tools
+
+
+def with_keywords(call: ToolCall, docs: Sequence[Mapping[str, Any]]) -> ToolCall:
+    """`f('x')` -> `f(name='x')` using the parameter order of the function's doc (JSON calls have no positions)."""
+    if not call.positional:
+        return call
+    doc = next((d for d in docs if d.get("name") == call.name), None)
+    names = list((doc or {}).get("parameters", {}).get("properties", {}))
+    if len(names) < len(call.positional):
+        return call
+    named = dict(zip(names, call.positional))
+    return ToolCall(call.name, {**named, **dict(call.arguments)})
+
+
+def format_calls(calls: Sequence[ToolCall], reply_format: str, docs: Sequence[Mapping[str, Any]] = ()) -> str:
+    """A reply that makes `calls`, written the way the format expects (used for demonstrations). Positional
+    arguments are named from `docs` (the JSON format has no positions)."""
+    calls = [with_keywords(call, docs) for call in calls]
+    if reply_format == "python":
+        return "[" + ", ".join(call.to_python() for call in calls) + "]"
+    blocks = [json.dumps({"name": call.name, "arguments": dict(call.arguments)}, ensure_ascii=False) for call in calls]
+    return "\n".join(f"<tool_call>\n{block}\n</tool_call>" for block in blocks)
+
+
+@dataclass
+class ChatRenderer:
+    """Renders opening prompts and between-reply pieces for one tokenizer and reply format."""
+
+    tokenizer: Any
+    reply_format: str = "python"
+    demonstrations: tuple[tuple[Mapping[str, str], ...], ...] = ()
+    """Worked examples (each a short conversation) placed after the system prompt, before the task."""
+    system_prompt: str | None = None
+    """Overrides the format's system prompt; `{tools}` in it is replaced by the tool list."""
+    _template_tools: bool | None = field(default=None, repr=False)
+    _suffix: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.reply_format not in ("hermes", "python"):
+            raise ValueError(f"unknown reply format {self.reply_format!r}; choose 'hermes' or 'python'")
+
+    # -- template facts -------------------------------------------------------------------------------------
+    @property
+    def template_takes_tools(self) -> bool:
+        """True when the chat template renders the `tools` argument (tested, not assumed)."""
+        if self._template_tools is None and self.tokenizer is None:
+            self._template_tools = True  # a chat endpoint (no local tokenizer): it applies its own template
+        if self._template_tools is None:
+            probe = [{"role": "user", "content": "hi"}]
+            tool = to_openai_tools([{"name": "probe_tool_xyz", "description": "d", "parameters": {"type": "dict"}}])
+            with_tools = self._apply(probe, tool, add_generation_prompt=False)
+            self._template_tools = "probe_tool_xyz" in with_tools
+        return self._template_tools
+
+    @property
+    def tools_in_template(self) -> bool:
+        return self.reply_format == "hermes" and self.template_takes_tools
+
+    @property
+    def assistant_suffix(self) -> str:
+        """What the template writes after an assistant message's content (e.g. `<|im_end|>\\n`)."""
+        if self._suffix is None:
+            marker = "XYZZY-reply-end"
+            text = self._apply([{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}], None,
+                               add_generation_prompt=False)
+            position = text.rfind(marker)
+            if position < 0:
+                raise TemplateError("the chat template drops assistant messages")
+            self._suffix = text[position + len(marker):]
+        return self._suffix
+
+    def stop_token_ids(self) -> list[int]:
+        """Tokens that end a reply: the EOS token and the template's end-of-turn token."""
+        stops = {self.tokenizer.eos_token_id}
+        suffix_ids = self.encode(self.assistant_suffix)
+        if suffix_ids and suffix_ids[0] in set(self.tokenizer.all_special_ids):
+            stops.add(suffix_ids[0])
+        return sorted(token for token in stops if token is not None)
+
+    # -- messages -------------------------------------------------------------------------------------------
+    def tool_list_text(self, docs: Sequence[Mapping[str, Any]]) -> str:
+        tools = to_openai_tools(docs)
+        if self.reply_format == "hermes":
+            return "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
+        return "[\n" + ",\n".join(json.dumps(tool["function"], ensure_ascii=False) for tool in tools) + "\n]"
+
+    def opening_messages(self, docs: Sequence[Mapping[str, Any]], user_messages: Sequence[Mapping[str, str]]
+                         ) -> list[dict[str, str]]:
+        """System prompt (with the tools unless the template renders them), demonstrations, the first user turn."""
+        if self.system_prompt is not None:
+            system = self.system_prompt.replace("{tools}", self.tool_list_text(docs))
+        elif self.tools_in_template:
+            system = "You are a helpful assistant that uses tools. When the task is done, reply without a call."
+        else:
+            template = HERMES_SYSTEM if self.reply_format == "hermes" else PYTHON_SYSTEM
+            system = template.format(tools=self.tool_list_text(docs))
+        messages = [{"role": "system", "content": system}]
+        for demo in self.demonstrations:
+            messages.extend(dict(message) for message in demo)
+        messages.extend(dict(message) for message in user_messages)
+        return messages
+
+    def user_turn(self, user_messages: Sequence[Mapping[str, str]], new_docs: Sequence[Mapping[str, Any]] = ()
+                  ) -> list[dict[str, str]]:
+        messages = [dict(message) for message in user_messages]
+        if new_docs:
+            note = NEW_TOOLS_NOTE.format(tools=self.tool_list_text(new_docs))
+            if messages:
+                messages[-1]["content"] = messages[-1]["content"] + note
+            else:
+                messages = [{"role": "user", "content": note.strip()}]
+        return messages
+
+    @staticmethod
+    def tool_messages(observations: Sequence[tuple[str, str]]) -> list[dict[str, str]]:
+        """(call name, observation) pairs -> tool messages, one per call, in call order."""
+        return [{"role": "tool", "name": name, "content": observation} for name, observation in observations]
+
+    # -- tokens ---------------------------------------------------------------------------------------------
+    def _apply(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None,
+               add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(list(messages), tools=tools or None, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt)
+
+    def _template_tools_arg(self, docs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
+        return to_openai_tools(docs) if self.tools_in_template and docs else None
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def render_prompt(self, messages: Sequence[Mapping[str, str]], docs: Sequence[Mapping[str, Any]] = ()) -> str:
+        return self._apply(messages, self._template_tools_arg(docs), add_generation_prompt=True)
+
+    def prompt_ids(self, messages: Sequence[Mapping[str, str]], docs: Sequence[Mapping[str, Any]] = ()) -> list[int]:
+        return self.encode(self.render_prompt(messages, docs))
+
+    def continuation(self, new_messages: Sequence[Mapping[str, str]], docs: Sequence[Mapping[str, Any]] = (),
+                     reply_ended_with: int | None = None) -> list[int]:
+        """Tokens that follow a model reply: the rest of the assistant turn, `new_messages`, the generation prompt.
+
+        `reply_ended_with` is the reply's last token; when it is the template's end-of-turn token, that part of
+        the suffix is already in the stream (as a model token) and is not repeated."""
+        tools = self._template_tools_arg(docs)
+        base = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+                {"role": "assistant", "content": "A"}]
+        before = self._apply(base, tools, add_generation_prompt=False)
+        after = self._apply(base + [dict(m) for m in new_messages], tools, add_generation_prompt=True)
+        if not after.startswith(before):
+            raise TemplateError("the chat template rewrites earlier turns when messages are appended; "
+                                "multi-turn masks cannot be built from it")
+        suffix = self.assistant_suffix
+        if reply_ended_with is not None:
+            ended = self.tokenizer.decode([reply_ended_with])
+            if ended and suffix.startswith(ended):
+                suffix = suffix[len(ended):]
+        # `before` ends with the full assistant suffix; the stream so far ends with the reply (and maybe its end token).
+        return self.encode(suffix + after[len(before):])
+
+
+DONE_MESSAGE = "Done."
+
+
+def build_demonstrations(env: Any, tasks: Sequence[Task], reply_format: str, count: int
+                         ) -> tuple[tuple[dict[str, str], ...], ...]:
+    """Worked examples for the prompt: the first turn of `count` tasks, solved by their ground truth.
+
+    Each is a real conversation, not a made-up one: the user's request, one reply making the ground-truth calls
+    in `reply_format`, the tool results the env actually returned, and a closing reply without calls (the turn
+    ending the format asks for). Tasks are picked in order, preferring ones whose first call is a tool not yet
+    shown, so a few examples cover the tool set. Callers must take them from tasks that are not evaluated."""
+    if count <= 0:
+        return ()
+    chosen: list[Task] = []
+    seen_tools: set[str] = set()
+    for prefer_new in (True, False):
+        for task in tasks:
+            if len(chosen) >= count:
+                break
+            calls = task.ground_truth[0] if task.ground_truth else ()
+            first = calls[0].split("(")[0] if calls else ""
+            if task in chosen or not calls or (prefer_new and first in seen_tools):
+                continue
+            chosen.append(task)
+            seen_tools.add(first)
+    demos = []
+    for task in chosen:
+        episode = env.reset(task)
+        user = [dict(m) for m in episode.user_messages()]
+        parsed = [parse_call(call) for call in task.ground_truth[0]]
+        steps = episode.act(list(task.ground_truth[0]))
+        if not all(isinstance(call, ToolCall) for call in parsed) or not all(step.ok for step in steps):
+            continue  # a ground truth that does not run cleanly teaches nothing
+        results = ChatRenderer.tool_messages([(step.call.name, step.observation) for step in steps if step.call])
+        reply = {"role": "assistant", "content": format_calls(parsed, reply_format, episode.tools())}
+        demos.append(tuple(user + [reply] + results + [{"role": "assistant", "content": DONE_MESSAGE}]))
+    return tuple(demos)

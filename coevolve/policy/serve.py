@@ -1,0 +1,235 @@
+"""A small OpenAI-compatible chat server over a local model: `coevolve serve --model smollm2 --port 8000`.
+
+What it is for: an offline endpoint for the explorer/abstractor LLM of the feedback phase and for trying the
+`openai` backend without a GPU; the tests use it to exercise the HTTP backend over real HTTP. For real serving
+on GPUs use `vllm serve`.
+
+Endpoints: `GET /v1/models`, `POST /v1/chat/completions` (messages, tools, temperature, top_p, max_tokens, seed;
+one choice). Concurrent requests are gathered by one worker thread into a single batched `generate` call (up to
+`max_batch` requests, waiting at most `batch_window_seconds` for company), so the shared-prefill engine serves
+parallel clients. Tool calling follows the Hermes convention, like `vllm serve --tool-call-parser hermes`: the
+tools go to the chat template (or into the system prompt when the template ignores them), and `<tool_call>`
+blocks in the reply come back as `tool_calls`.
+
+`before_request(path, body)` may return `(status, payload)` to answer a request itself: a hook for access control,
+quotas, or fault injection in tests.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+from coevolve.policy.backends import Generation, SamplingConfig
+from coevolve.policy.chat import HERMES_SYSTEM, ChatRenderer, format_calls
+from coevolve.policy.replies import split_reply
+from coevolve.records import ToolCall
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+@dataclass
+class _Pending:
+    prompt_ids: list[int]
+    sampling: SamplingConfig
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Generation | None = None
+    error: str | None = None
+
+
+class ChatServer:
+    def __init__(self, backend: Any, model_name: str = "local", host: str = "127.0.0.1", port: int = 0,
+                 max_batch: int = 32, batch_window_seconds: float = 0.02,
+                 before_request: Callable[[str, dict], tuple[int, dict] | None] | None = None) -> None:
+        self.backend = backend
+        self.model_name = model_name
+        self.renderer = ChatRenderer(backend.tokenizer, "hermes")
+        self.max_batch = max_batch
+        self.batch_window_seconds = batch_window_seconds
+        self.before_request = before_request
+        self._queue: queue.Queue[_Pending] = queue.Queue()
+        self._httpd = ThreadingHTTPServer((host, port), _handler_for(self))
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def start(self) -> "ChatServer":
+        for target in (self._httpd.serve_forever, self._batch_worker):
+            thread = threading.Thread(target=target, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._queue.put(None)  # type: ignore[arg-type]
+
+    def __enter__(self) -> "ChatServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # -- batching -------------------------------------------------------------------------------------------
+    def _batch_worker(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            deadline = time.monotonic() + self.batch_window_seconds
+            while len(batch) < self.max_batch:
+                try:
+                    item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if item is None:
+                    self._queue.put(None)  # type: ignore[arg-type]
+                    break
+                batch.append(item)
+            by_sampling: dict[SamplingConfig, list[_Pending]] = {}
+            for item in batch:
+                by_sampling.setdefault(item.sampling, []).append(item)
+            for sampling, items in by_sampling.items():
+                try:
+                    results = self.backend.generate([item.prompt_ids for item in items], sampling,
+                                                    self.renderer.stop_token_ids())
+                    for item, result in zip(items, results):
+                        item.result = result
+                except Exception as error:  # noqa: BLE001 - reported to the client as a 500, the server lives on
+                    for item in items:
+                        item.error = f"{type(error).__name__}: {error}"
+                for item in items:
+                    item.done.set()
+
+    # -- requests -------------------------------------------------------------------------------------------
+    def template_messages(self, messages: list[dict], tools: list[dict]) -> tuple[list[dict], list[dict] | None]:
+        """OpenAI messages -> what the chat template renders (Hermes text where the template lacks tool support)."""
+        out = []
+        for message in messages:
+            message = dict(message)
+            if message.get("tool_calls"):
+                calls = [ToolCall(c["function"]["name"], _loads_object(c["function"].get("arguments")))
+                         for c in message["tool_calls"]]
+                text = format_calls(calls, "hermes")
+                message = {"role": "assistant", "content": ((message.get("content") or "") + "\n" + text).strip()}
+            message["content"] = message.get("content") or ""
+            out.append({k: v for k, v in message.items() if k in ("role", "content", "name")})
+        if not tools or self.renderer.template_takes_tools:
+            return out, tools or None
+        system = HERMES_SYSTEM.format(tools="\n".join(json.dumps(tool) for tool in tools))
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + system}
+        else:
+            out.insert(0, {"role": "system", "content": system})
+        return out, None
+
+    def complete(self, body: dict) -> tuple[int, dict]:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return 400, _error("'messages' must be a non-empty list")
+        tools = body.get("tools") or []
+        try:
+            rendered, template_tools = self.template_messages(messages, tools)
+            prompt = self.renderer.tokenizer.apply_chat_template(rendered, tools=template_tools, tokenize=False,
+                                                                 add_generation_prompt=True)
+            sampling = SamplingConfig(temperature=float(body.get("temperature", 1.0)),
+                                      top_p=float(body.get("top_p", 1.0)),
+                                      max_new_tokens=int(body.get("max_tokens") or 256),
+                                      seed=body.get("seed"))
+        except (KeyError, TypeError, ValueError) as error:
+            return 400, _error(f"bad request: {error}")
+        pending = _Pending(self.renderer.encode(prompt), sampling)
+        self._queue.put(pending)
+        pending.done.wait()
+        if pending.error is not None or pending.result is None:
+            return 500, _error(pending.error or "generation failed")
+        return 200, self._response(pending.result, bool(tools))
+
+    def _response(self, generation: Generation, with_tools: bool) -> dict:
+        message: dict[str, Any] = {"role": "assistant", "content": generation.text}
+        finish = generation.finish_reason
+        if with_tools:
+            split = split_reply(generation.text, "hermes")
+            calls = []
+            for text in split.call_texts:
+                parsed = _loads_object(text)
+                if isinstance(parsed.get("name"), str):
+                    arguments = json.dumps(parsed.get("arguments", {}), ensure_ascii=False)
+                    calls.append({"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+                                  "function": {"name": parsed["name"], "arguments": arguments}})
+            if calls:
+                message = {"role": "assistant", "content": split.content or None, "tool_calls": calls}
+                finish = "tool_calls" if finish == "stop" else finish
+        usage = {"completion_tokens": len(generation.token_ids)}
+        return {"id": f"chatcmpl-{uuid.uuid4().hex[:16]}", "object": "chat.completion", "created": int(time.time()),
+                "model": self.model_name, "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                "usage": usage}
+
+
+def _loads_object(text: Any) -> dict:
+    if isinstance(text, dict):
+        return text
+    try:
+        value = json.loads(text) if isinstance(text, str) else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _error(message: str) -> dict:
+    return {"error": {"message": message, "type": "invalid_request_error"}}
+
+
+def _handler_for(server: ChatServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:  # quiet: the caller reports progress
+            pass
+
+        def _send(self, status: int, payload: dict) -> None:
+            data = json.dumps(payload).encode("utf-8")
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            if self.path.rstrip("/") == "/v1/models":
+                self._send(200, {"object": "list", "data": [{"id": server.model_name, "object": "model"}]})
+            else:
+                self._send(404, _error(f"no route {self.path}"))
+
+        def do_POST(self) -> None:  # noqa: N802
+            length = int(self.headers.get("Content-Length") or 0)
+            if length > MAX_BODY_BYTES:
+                self._send(413, _error("request body too large"))
+                return
+            try:
+                body = json.loads(self.rfile.read(length) or b"{}")
+            except ValueError:
+                self._send(400, _error("body is not JSON"))
+                return
+            if server.before_request is not None:
+                answered = server.before_request(self.path, body)
+                if answered is not None:
+                    self._send(*answered)
+                    return
+            if self.path.rstrip("/") != "/v1/chat/completions":
+                self._send(404, _error(f"no route {self.path}"))
+                return
+            self._send(*server.complete(body if isinstance(body, dict) else {}))
+
+    return Handler

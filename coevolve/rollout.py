@@ -1,0 +1,251 @@
+"""Batched multi-turn rollouts: K episodes per task, all tasks together, one generation call per step.
+
+    batch = rollout(env, tasks, backend, renderer, RolloutConfig(group_size=8))
+    batch.trajectories   # task-major: the K trajectories of a task are consecutive (one GRPO group)
+
+Every episode is a dialogue with a fresh env episode. At each step the engine gathers the context of every
+still-active episode and makes ONE batched call to the backend; each reply is split into calls (`split_reply`,
+or the backend's native tool calls), the calls go to the env (`Episode.act`, which never raises: malformed calls
+come back as error observations), and the tool results, or, after a reply without calls, the next user turn,
+are appended. Episodes finish at different steps and simply leave the batch.
+
+Token record (token backends): `prompt_ids` is the opening prompt; `completion_ids` is everything after it,
+the model's replies (mask 1, with their sampling logprobs) interleaved with the template/env/user tokens between
+replies (mask 0, logprob 0.0). This is what TRL's `rollout_func` returns as `completion_ids` / `env_mask`.
+
+Limits (all recorded as truncation, with a reason, in `Trajectory.reasons`):
+- `max_new_tokens` per reply (the reply is cut, its partial calls still go to the env and usually fail);
+- `max_replies_per_turn` replies with calls in one turn: the turn is closed as if the model had ended it;
+- `max_turns`: user turns played (None = all of the task's); an unfinished task scores 0 (BFCL's force-quit);
+- `max_episode_tokens`: completion tokens (model + env) per episode.
+Chat backends (OpenAI-compatible HTTP) run the same loop on messages; their trajectories carry no token record,
+and when calls were parsed from text (not native tool calls) the results come back as a user message, since
+hosted APIs accept `tool` messages only as answers to native tool calls.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping, Sequence
+
+from coevolve.envs.base import Env, Episode
+from coevolve.policy.backends import ChatBackend, Generation, SamplingConfig, TokenBackend
+from coevolve.policy.chat import ChatRenderer, to_openai_tools
+from coevolve.policy.replies import split_reply
+from coevolve.records import Step, Task, Trajectory
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    group_size: int = 4
+    """K: episodes per task (one GRPO group)."""
+    max_new_tokens: int = 256
+    """Token budget of one model reply."""
+    max_replies_per_turn: int = 4
+    max_turns: int | None = None
+    max_episode_tokens: int = 4096
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+
+    def __post_init__(self) -> None:
+        if self.group_size < 1 or self.max_new_tokens < 1 or self.max_replies_per_turn < 1:
+            raise ValueError(f"invalid rollout limits: {self}")
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    trajectories: tuple[Trajectory, ...]
+    generation_calls: int
+    generated_tokens: int
+    seconds: float
+
+    def groups(self) -> list[tuple[Trajectory, ...]]:
+        """The trajectories of each task (task order of the call)."""
+        grouped: dict[str, list[Trajectory]] = {}
+        for trajectory in self.trajectories:
+            grouped.setdefault(trajectory.task_id, []).append(trajectory)
+        return [tuple(group) for group in grouped.values()]
+
+
+class _Run:
+    """One live episode: its env episode, conversation and token record."""
+
+    def __init__(self, task: Task, sample_index: int, episode: Episode, renderer: ChatRenderer, tokens: bool) -> None:
+        self.task, self.sample_index, self.episode, self.renderer = task, sample_index, episode, renderer
+        self.started = time.perf_counter()
+        self.docs = episode.tools()
+        self.messages = renderer.opening_messages(self.docs, episode.user_messages())
+        self.prompt_ids: list[int] = renderer.prompt_ids(self.messages, self.docs) if tokens else []
+        self.completion_ids: list[int] = []
+        self.mask: list[int] = []
+        self.logprobs: list[float] = []
+        self.steps: list[Step] = []
+        self.notes: list[str] = []
+        self.replies = 0
+        self.replies_in_turn = 0
+        self.turns_played = 0
+        self.finished = False
+        self.seconds = 0.0
+
+    def context(self) -> list[int]:
+        return self.prompt_ids + self.completion_ids
+
+    def finish(self, note: str | None = None) -> None:
+        if note:
+            self.notes.append(note)
+        self.finished = True
+        self.seconds = time.perf_counter() - self.started
+
+    def trajectory(self, iteration: int) -> Trajectory:
+        score = self.episode.score()
+        return Trajectory(
+            id=f"{self.task.id}-i{iteration}-k{self.sample_index}",
+            task_id=self.task.id,
+            iteration=iteration,
+            sample_index=self.sample_index,
+            steps=tuple(self.steps),
+            score=score.value,
+            reasons=tuple(score.reasons) + tuple(self.notes),
+            truncated=bool(self.notes),
+            prompt_ids=tuple(self.prompt_ids),
+            completion_ids=tuple(self.completion_ids),
+            completion_mask=tuple(self.mask),
+            logprobs=tuple(self.logprobs),
+            seconds=self.seconds,
+        )
+
+
+def _call_texts(generation: Generation, reply_format: str) -> tuple[str, ...]:
+    if generation.tool_calls is not None:
+        return tuple(generation.tool_calls)
+    return split_reply(generation.text, reply_format).call_texts
+
+
+def _next_messages(run: _Run, steps: Sequence[Step], config: RolloutConfig) -> list[dict[str, Any]] | None:
+    """After a reply: what the env and user say next, or None when the episode is over."""
+    episode = run.episode
+    results = run.renderer.tool_messages([(step.call.name if step.call else "", step.observation) for step in steps])
+    if steps:
+        run.replies_in_turn += 1
+        if episode.done:  # the env force-quit the episode
+            run.finish()
+            return None
+        if run.replies_in_turn < config.max_replies_per_turn:
+            return results
+        run.notes.append(f"turn {episode.turn_index}: closed after {config.max_replies_per_turn} replies with calls "
+                         "(max_replies_per_turn)")
+    episode.end_turn()
+    run.turns_played += 1
+    run.replies_in_turn = 0
+    if episode.done:
+        run.finish()
+        return None
+    if config.max_turns is not None and run.turns_played >= config.max_turns:
+        run.finish(f"stopped after {run.turns_played} turns (max_turns)")
+        return None
+    new_docs = getattr(episode, "new_tools", lambda: [])()
+    run.docs = episode.tools()
+    return results + run.renderer.user_turn(episode.user_messages(), new_docs)
+
+
+def _apply_token_reply(run: _Run, generation: Generation, config: RolloutConfig, reply_format: str) -> None:
+    run.completion_ids.extend(generation.token_ids)
+    run.mask.extend([1] * len(generation.token_ids))
+    run.logprobs.extend(generation.logprobs)
+    run.messages.append({"role": "assistant", "content": generation.text})
+    run.replies += 1
+    if generation.finish_reason == "length":
+        run.notes.append(f"reply {run.replies} cut at {len(generation.token_ids)} tokens (max_new_tokens)")
+    calls = _call_texts(generation, reply_format)
+    steps = run.episode.act(list(calls)) if calls else ()
+    run.steps.extend(steps)
+    following = _next_messages(run, steps, config)
+    if following is None:
+        return
+    run.messages.extend(following)
+    ended_with = generation.token_ids[-1] if generation.finish_reason == "stop" and generation.token_ids else None
+    between = run.renderer.continuation(following, run.docs, reply_ended_with=ended_with)
+    if len(run.completion_ids) + len(between) >= config.max_episode_tokens:
+        run.finish(f"stopped at {len(run.completion_ids)} completion tokens (max_episode_tokens)")
+        return
+    run.completion_ids.extend(between)
+    run.mask.extend([0] * len(between))
+    run.logprobs.extend([0.0] * len(between))
+
+
+def _apply_chat_reply(run: _Run, generation: Generation, config: RolloutConfig, reply_format: str) -> None:
+    run.replies += 1
+    if generation.error is not None:
+        run.finish(f"reply {run.replies}: backend failed ({generation.error})")
+        return
+    if generation.finish_reason == "length":
+        run.notes.append(f"reply {run.replies} cut at max_new_tokens")
+    calls = _call_texts(generation, reply_format)
+    steps = run.episode.act(list(calls)) if calls else ()
+    run.steps.extend(steps)
+    native = generation.tool_calls is not None and bool(calls)
+    assistant: dict[str, Any] = {"role": "assistant", "content": generation.text}
+    if native:
+        assistant["tool_calls"] = [
+            {"id": f"call_{run.replies}_{i}", "type": "function",
+             "function": {"name": step.call.name if step.call else "", "arguments": _arguments_json(call)}}
+            for i, (call, step) in enumerate(zip(calls, steps))
+        ]
+    run.messages.append(assistant)
+    following = _next_messages(run, steps, config)
+    if following is None:
+        return
+    if native:
+        for i, message in enumerate(following[:len(steps)]):
+            message["tool_call_id"] = f"call_{run.replies}_{i}"
+    elif steps:
+        results = "\n".join(f"{m['name']} -> {m['content']}" for m in following[:len(steps)])
+        following = [{"role": "user", "content": f"Results:\n{results}"}] + following[len(steps):]
+    run.messages.extend(following)
+
+
+def _arguments_json(call_text: str) -> str:
+    try:
+        return json.dumps(json.loads(call_text).get("arguments", {}))
+    except (ValueError, AttributeError):
+        return "{}"
+
+
+def rollout(env: Env, tasks: Sequence[Task], backend: TokenBackend | ChatBackend, renderer: ChatRenderer,
+            config: RolloutConfig = RolloutConfig(), iteration: int = 0,
+            progress: Callable[[int, int], None] | None = None) -> RolloutBatch:
+    """Run `config.group_size` episodes of every task, batched; see the module docstring."""
+    started = time.perf_counter()
+    tokens = isinstance(backend, TokenBackend)
+    runs = [_Run(task, k, env.reset(task), renderer, tokens) for task in tasks for k in range(config.group_size)]
+    stop_ids = renderer.stop_token_ids() if tokens else []
+    calls = generated = 0
+    while True:
+        active = [run for run in runs if not run.finished]
+        if progress is not None:
+            progress(len(runs) - len(active), len(runs))
+        if not active:
+            break
+        calls += 1
+        if tokens:
+            sampling = config.sampling.with_budget(config.max_new_tokens)
+            if config.sampling.seed is not None:  # a fresh, reproducible stream for every step
+                sampling = replace(sampling, seed=config.sampling.seed + calls)
+            # Each reply may use what is left of its episode's token budget, up to max_new_tokens.
+            budgets = [min(config.max_new_tokens, config.max_episode_tokens - len(run.completion_ids)) for run in active]
+            generations = backend.generate([run.context() for run in active], sampling, stop_ids, budgets)
+            for run, generation in zip(active, generations):
+                generated += len(generation.token_ids)
+                _apply_token_reply(run, generation, config, renderer.reply_format)
+        else:
+            sampling = config.sampling.with_budget(config.max_new_tokens)
+            tool_lists = [to_openai_tools(run.docs) if renderer.tools_in_template else [] for run in active]
+            generations = backend.chat([run.messages for run in active], tool_lists, sampling)
+            for run, generation in zip(active, generations):
+                _apply_chat_reply(run, generation, config, renderer.reply_format)
+        for run in active:
+            if not run.finished and tokens and len(run.completion_ids) >= config.max_episode_tokens:
+                run.finish(f"stopped at {len(run.completion_ids)} completion tokens (max_episode_tokens)")
+    trajectories = tuple(run.trajectory(iteration) for run in runs)
+    return RolloutBatch(trajectories, calls, generated, time.perf_counter() - started)

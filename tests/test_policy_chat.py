@@ -1,0 +1,80 @@
+"""Chat rendering: tool schemas, call formatting, demonstrations, and the pieces between replies."""
+
+from __future__ import annotations
+
+import pytest
+
+from coevolve.calls import parse_call
+from coevolve.envs import make_env
+from coevolve.policy.chat import ChatRenderer, TemplateError, build_demonstrations, format_calls, to_openai_tools
+from coevolve.policy.replies import split_reply
+from coevolve.records import ToolCall
+
+
+def test_bfcl_docs_become_json_schema_tools():
+    doc = {"name": "mv", "description": "Move.", "parameters": {"type": "dict", "properties": {
+        "source": {"type": "string"}, "ratio": {"type": "float"}, "pair": {"type": "tuple", "items": {"type": "any"}}},
+        "required": ["source"]}, "response": {"type": "dict"}}
+    (tool,) = to_openai_tools([doc])
+    assert tool["type"] == "function" and tool["function"]["name"] == "mv"
+    parameters = tool["function"]["parameters"]
+    assert parameters["type"] == "object" and "response" not in tool["function"]
+    assert parameters["properties"]["ratio"]["type"] == "number"
+    assert parameters["properties"]["pair"] == {"type": "array", "items": {"type": "string"}}
+
+
+@pytest.mark.parametrize("reply_format", ["python", "hermes"])
+def test_formatted_calls_split_and_parse_back(reply_format):
+    docs = [{"name": "sort", "parameters": {"properties": {"file_name": {"type": "string"}}}}]
+    calls = [ToolCall("cd", {"folder": "a b'c"}), ToolCall("sort", {}, ("x.txt",)), ToolCall("ls", {"a": True})]
+    text = format_calls(calls, reply_format, docs)
+    parsed = [parse_call(t) for t in split_reply(text, reply_format).call_texts]
+    assert [(c.name, dict(c.arguments)) for c in parsed] == [
+        ("cd", {"folder": "a b'c"}), ("sort", {"file_name": "x.txt"}), ("ls", {"a": True})]
+
+
+def test_tools_go_to_the_system_prompt_when_the_template_ignores_them(tokenizer):
+    env = make_env("bfcl-lite", split="train")
+    episode = env.reset(env.tasks()[0])
+    for reply_format, marker in (("python", "[func_name1(param1=value1"), ("hermes", "<tools>")):
+        renderer = ChatRenderer(tokenizer, reply_format)
+        assert not renderer.template_takes_tools
+        prompt = renderer.render_prompt(renderer.opening_messages(episode.tools(), episode.user_messages()))
+        assert marker in prompt and '"name": "mkdir"' in prompt and prompt.endswith("<|im_start|>assistant\n")
+        assert '"name": "grep"' not in prompt  # excluded functions stay hidden
+
+
+def test_continuation_skips_the_end_token_the_model_already_wrote(tokenizer):
+    renderer = ChatRenderer(tokenizer, "python")
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    tool = [{"role": "tool", "content": "RESULT"}]
+    after_stop = tokenizer.decode(renderer.continuation(tool, reply_ended_with=end))
+    after_cut = tokenizer.decode(renderer.continuation(tool))
+    assert after_stop == "\n<|im_start|>tool\nRESULT<|im_end|>\n<|im_start|>assistant\n"
+    assert after_cut == "<|im_end|>" + after_stop
+    assert renderer.stop_token_ids() == [end]
+
+
+def test_a_template_that_rewrites_history_is_refused(tokenizer):
+    import copy
+
+    rewriting = copy.deepcopy(tokenizer)
+    # Renders only the last message: appending one changes everything before it.
+    rewriting.chat_template = "{{ messages[-1]['content'] }}{% if add_generation_prompt %}<|im_start|>{% endif %}"
+    with pytest.raises(TemplateError, match="rewrites earlier turns"):
+        ChatRenderer(rewriting, "python").continuation([{"role": "tool", "content": "x"}])
+
+
+def test_demonstrations_are_real_solved_conversations():
+    env = make_env("bfcl-lite", split="train")
+    demos = build_demonstrations(env, env.tasks(), "python", 3)
+    assert len(demos) == 3
+    first_tools = {demo[1]["content"].split("(")[0].lstrip("[") for demo in demos}
+    assert len(first_tools) == 3  # they cover different tools
+    for demo in demos:
+        roles = [m["role"] for m in demo]
+        assert roles[0] == "user" and roles[1] == "assistant" and roles[-1] == "assistant" and "tool" in roles
+        assert demo[-1]["content"] == "Done."
+        assert all(not m["content"].startswith("Error during") and "\"error\"" not in m["content"]
+                   for m in demo if m["role"] == "tool")
+    assert build_demonstrations(env, env.tasks(), "python", 0) == ()
