@@ -27,12 +27,14 @@ venv: $(VENV)/.installed
 
 test-venv: $(VENV)/.installed-test
 
-# Until the training loop lands, the main job is the BFCL-V3 evaluation of the oracle policy on all four
-# multi-turn categories: it proves the environment, the safe dispatch and the official-equivalent scorer.
+# Until the training loop lands, the main job is (1) the BFCL-V3 evaluation of the oracle policy on all four
+# multi-turn categories: it proves the environment, the safe dispatch and the official-equivalent scorer; and
+# (2) the shipped SmolLM2 on the held-out BFCL-lite split, offline on the CPU: the starting point training improves.
 quickstart: venv
 	@for category in multi_turn_base multi_turn_miss_func multi_turn_miss_param multi_turn_long_context; do \
 		$(BIN)/coevolve eval --env bfcl --category $$category --policy oracle || exit 1; \
 	done
+	$(BIN)/coevolve eval --env bfcl-lite --split test --policy model:smollm2 --demos 3 --max-new-tokens 64
 
 # pytest exits 5 when it collected no test: make treats every non-zero exit as failure, so that fails too.
 test: test-venv

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import keyword
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -87,9 +89,11 @@ json_values = st.recursive(
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.from_regex(r"[a-z][a-z0-9_]{0,10}", fullmatch=True),
-       st.dictionaries(st.from_regex(r"[a-z][a-z0-9_]{0,8}", fullmatch=True), json_values, max_size=4))
+@given(st.from_regex(r"[a-z][a-z0-9_]{0,10}", fullmatch=True).filter(lambda s: not keyword.iskeyword(s)),
+       st.dictionaries(st.from_regex(r"[a-z][a-z0-9_]{0,8}", fullmatch=True).filter(lambda s: not keyword.iskeyword(s)),
+                       json_values, max_size=4))
 def test_python_rendering_round_trips(name, arguments):
+    # Python keywords (`or`, `if`) cannot name a function or an argument in a Python call: not a round trip case.
     call = ToolCall(name, arguments)
     assert parse_python_call(call.to_python()) == call
     assert parse_call({"name": name, "arguments": arguments}) == call

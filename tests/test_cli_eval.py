@@ -9,8 +9,9 @@ import sys
 import pytest
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "coevolve.cli", *args], capture_output=True, text=True, timeout=120)
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "coevolve.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def test_oracle_json_has_accuracy_n_and_per_task():
@@ -91,7 +92,7 @@ def test_eval_of_scripted_policies_does_not_import_torch():
 
 def test_model_policy_runs_offline_with_the_shipped_smollm2(smol_dir):
     result = run_cli("eval", "--env", "bfcl-lite", "--split", "test", "--policy", "model:smollm2", "--limit", "2",
-                     "--demos", "2", "--max-new-tokens", "40", "--json")
+                     "--demos", "2", "--max-new-tokens", "40", "--json", timeout=900)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["n"] == 2 and report["samples"] == 1 and set(report["per_task"].values()) <= {0, 1}
@@ -105,6 +106,6 @@ def test_model_policy_runs_offline_with_the_shipped_smollm2(smol_dir):
     (["--policy", "model:smollm2", "--samples", "0"], "must be >= 1"),
 ])
 def test_model_policy_errors_are_one_line(args, message):
-    result = run_cli("eval", "--env", "bfcl-lite", "--limit", "1", *args)
+    result = run_cli("eval", "--env", "bfcl-lite", "--limit", "1", *args, timeout=600)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert "Traceback" not in result.stderr

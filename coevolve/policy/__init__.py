@@ -1,1 +1,2 @@
-"""Policies: how a model's replies become tool calls (and, as the rollout engine lands, models and backends)."""
+"""Policies: model loading (`models`), chat rendering (`chat`), reply splitting (`replies`) and the generation
+backends (`backends`, `hf_backend`, `openai_backend`, and `serve` for a local OpenAI-compatible endpoint)."""
