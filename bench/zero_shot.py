@@ -52,6 +52,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--sampled-tasks", type=int, default=20)
     parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--variants", default="python:0,hermes:0,python:3,hermes:3,python:3:sampled",
+                        help="comma list of FORMAT:DEMOS[:sampled]; sampled = K samples at --temperature")
     args = parser.parse_args()
 
     import torch
@@ -63,9 +65,13 @@ def main() -> None:
     model, tokenizer = load_model("smollm2", device="cpu")
     train_env, test_env = make_env("bfcl-lite", split="train"), make_env("bfcl-lite", split="test")
     tasks = test_env.tasks()[: args.tasks]
-    variants = [("python", 0, 1, 0.0, tasks), ("hermes", 0, 1, 0.0, tasks), ("python", 3, 1, 0.0, tasks),
-                ("hermes", 3, 1, 0.0, tasks),
-                ("python", 3, args.samples, args.temperature, tasks[: args.sampled_tasks])]
+    variants = []
+    for spec in args.variants.split(","):
+        reply_format, demos, *sampled = spec.split(":")
+        if sampled:
+            variants.append((reply_format, int(demos), args.samples, args.temperature, tasks[: args.sampled_tasks]))
+        else:
+            variants.append((reply_format, int(demos), 1, 0.0, tasks))
     rows = []
     for reply_format, demos, samples, temperature, chosen in variants:
         row = run(model, tokenizer, chosen, train_env, test_env, reply_format, demos, samples, temperature)
@@ -78,7 +84,8 @@ def main() -> None:
         "training, and which prompt gives GRPO a signal (groups with both successes and failures)?",
         "",
         f"Command: `python bench/zero_shot.py --tasks {args.tasks} --samples {args.samples} "
-        f"--sampled-tasks {args.sampled_tasks} --temperature {args.temperature}`. Machine: {machine_line()}. "
+        f"--sampled-tasks {args.sampled_tasks} --temperature {args.temperature} --variants {args.variants}`. "
+        f"Machine: {machine_line()}. "
         "Transformers backend, fp32, one reply <= 64 tokens, <= 3 replies with calls; demos are train-split tasks.",
         "",
         "| format | demos | samples x T | episodes | success | accuracy | replies with a parsed call | mixed groups "
