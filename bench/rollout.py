@@ -10,7 +10,7 @@ Method:
   a smoke run). Both sides use the SmolLM2 tokenizer with TRL's bundled Qwen2.5 chat template (TRL refuses
   SmolLM2's own template; this one renders `tools` and tool messages), the same model object, fp32 on the CPU.
 - Tasks: the first B BFCL-lite train tasks, K samples each, temperature 0.7, no top-p/top-k. Both prompts hold
-  the same messages: our renderer's opening messages (its short system line, two few-shot demonstrations built
+  the same messages: our renderer's opening messages (its short system line, `--demos` (3) worked examples built
   from later train tasks with `build_demonstrations`, the user's request); TRL gets exactly these messages as the
   dataset prompt and renders its tool schemas from the environment's docstrings (copied from the BFCL docs), so
   the two prompts differ only in small schema details (token counts printed and reported).
@@ -31,12 +31,13 @@ Method:
   the best round of each path is reported. Figures are ratios ours/TRL; the machine is small and noisy.
 
 Usage: `python bench/rollout.py [--model smollm2|tiny] [--tasks 4] [--group-size 4] [--max-tokens 160]
-[--max-tool-rounds 3] [--rounds 2] [--no-write]`; writes the `rollout` section of BENCHMARKS.md.
+[--max-tool-rounds 3] [--demos 3] [--rounds 2] [--no-write]`; writes the `rollout` section of BENCHMARKS.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import sys
 import time
@@ -71,7 +72,7 @@ def _docstring(doc: dict) -> str:
 
 
 class LiteToolEnv:
-    """One BFCL-lite episode for TRL's `environment_factory`; public methods other than reset/get_reward are tools.
+    """One BFCL-lite episode for TRL's `environment_factory`; its tool methods are added by `install_tools`.
 
     `ENV`/`TASKS` are set by the benchmark before the trainer is built; `reset` opens the task named by the
     dataset row's `task_index`."""
@@ -89,82 +90,36 @@ class LiteToolEnv:
     def _act(self, name: str, arguments: dict) -> str:
         return self.episode.act([{"name": name, "arguments": arguments}])[0].observation
 
-    def ls(self, a: bool = False) -> str:
-        """List the contents of the current directory.
-
-        Args:
-            a: Show hidden files and directories.
-
-        Returns:
-            The directory contents.
-        """
-        return self._act("ls", {"a": a})
-
-    def cd(self, folder: str) -> str:
-        """Change the current working directory.
-
-        Args:
-            folder: The folder to change to.
-
-        Returns:
-            The new working directory.
-        """
-        return self._act("cd", {"folder": folder})
-
-    def mkdir(self, dir_name: str) -> str:
-        """Create a new directory in the current directory.
-
-        Args:
-            dir_name: The name of the new directory.
-
-        Returns:
-            An error, if any.
-        """
-        return self._act("mkdir", {"dir_name": dir_name})
-
-    def touch(self, file_name: str) -> str:
-        """Create a new file in the current directory.
-
-        Args:
-            file_name: The name of the new file.
-
-        Returns:
-            An error, if any.
-        """
-        return self._act("touch", {"file_name": file_name})
-
-    def cat(self, file_name: str) -> str:
-        """Display the contents of a file.
-
-        Args:
-            file_name: The name of the file.
-
-        Returns:
-            The file content.
-        """
-        return self._act("cat", {"file_name": file_name})
-
-    def rm(self, file_name: str) -> str:
-        """Remove a file or directory.
-
-        Args:
-            file_name: The name of the file or directory to remove.
-
-        Returns:
-            An error, if any.
-        """
-        return self._act("rm", {"file_name": file_name})
-
     def get_reward(self) -> float:
         return 0.0
 
 
-def use_bfcl_docstrings(docs: list[dict]) -> None:
-    """Give the tool methods the BFCL descriptions, so TRL's schemas say what ours say."""
+_PYTHON_TYPES = {"string": str, "boolean": bool, "integer": int, "number": float, "float": float}
+
+
+def install_tools(docs: list[dict]) -> None:
+    """One `LiteToolEnv` method per BFCL doc, with the signature, type hints and docstring TRL builds its tool
+    schema from, so TRL's schemas say what ours say; each forwards to the episode."""
     for doc in docs:
-        method = getattr(LiteToolEnv, doc["name"], None)
-        if method is not None:
-            method.__doc__ = _docstring(doc)
+        name = doc["name"]
+        parameters = doc.get("parameters", {})
+        required = set(parameters.get("required", []))
+        signature = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        annotations: dict = {"return": str}
+        for parameter, spec in parameters.get("properties", {}).items():
+            annotations[parameter] = _PYTHON_TYPES[spec.get("type", "string")]
+            default = inspect.Parameter.empty if parameter in required else spec.get("default")
+            signature.append(inspect.Parameter(parameter, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                               annotation=annotations[parameter]))
+
+        def method(self, _name=name, **arguments) -> str:
+            return self._act(_name, arguments)
+
+        method.__name__ = method.__qualname__ = name
+        method.__signature__ = inspect.Signature(signature, return_annotation=str)
+        method.__annotations__ = annotations
+        method.__doc__ = _docstring(doc)
+        setattr(LiteToolEnv, name, method)
 
 
 def load(model_name: str):
@@ -249,6 +204,7 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=4, help="K: episodes per task")
     parser.add_argument("--max-tokens", type=int, default=160, help="M: completion budget per episode (and reply)")
     parser.add_argument("--max-tool-rounds", type=int, default=3, help="R: tool-calling rounds per episode")
+    parser.add_argument("--demos", type=int, default=3, help="worked examples in both prompts (so the model calls tools)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
     args = parser.parse_args()
@@ -268,7 +224,7 @@ def main() -> None:
     env = make_env("bfcl-lite", split="train")
     all_tasks = env.tasks()
     tasks = all_tasks[:B]
-    demos = build_demonstrations(env, all_tasks[B:], "hermes", 2)
+    demos = build_demonstrations(env, all_tasks[B:], "hermes", args.demos)
     renderer = ChatRenderer(tokenizer, "hermes", demonstrations=demos)
     assert renderer.tools_in_template, "the Qwen2.5 template should render the tools"
 
@@ -277,7 +233,7 @@ def main() -> None:
         episode = env.reset(task)
         prompts.append(renderer.opening_messages(episode.tools(), episode.user_messages()))
     LiteToolEnv.ENV, LiteToolEnv.TASKS = env, tasks
-    use_bfcl_docstrings(env.reset(tasks[0]).tools())
+    install_tools(env.reset(tasks[0]).tools())
 
     trainer, inputs, captured = build_trainer(model, tokenizer, prompts, K, M, R)
     model.eval()
@@ -349,7 +305,7 @@ Command: `{command}` ({machine_line()}; torch {torch.__version__}, {torch.get_nu
 
 Settings: model {"SmolLM2-135M-Instruct" if args.model == "smollm2" else "random tiny Llama (64 wide, 2 layers)"}
 (fp32, CPU) with TRL's Qwen2.5 chat template; B={B} BFCL-lite train tasks, K={K}, M={M} completion tokens per
-episode, R={R} tool rounds, temperature {TEMPERATURE}, 2 few-shot demonstrations; mean prompt tokens ours
+episode, R={R} tool rounds, temperature {TEMPERATURE}, {args.demos} worked examples; mean prompt tokens ours
 {prompt_ours:.0f}, TRL {prompt_trl:.0f}. Best of {args.rounds} interleaved round(s) after a small warm-up.
 
 {table}

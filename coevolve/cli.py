@@ -113,7 +113,7 @@ def _eval_model(args: argparse.Namespace, env, options: dict) -> int:
     tasks = env.tasks()
     demo_tasks: list = []
     if args.demos:
-        if "split" in options or hasattr(env, "split"):
+        if hasattr(env, "split"):
             demo_env = make_env(args.env, scope=args.scope, split="train")
             demo_tasks = [t for t in demo_env.tasks() if t.id not in {task.id for task in tasks}]
         else:  # no train split: take the examples from the end of the list and keep them out of the evaluation

@@ -42,7 +42,7 @@ class RolloutConfig:
     group_size: int = 4
     """K: episodes per task (one GRPO group)."""
     max_new_tokens: int = 256
-    """Token budget of one model reply."""
+    """Token budget of one model reply (overrides `sampling.max_new_tokens`)."""
     max_replies_per_turn: int = 4
     max_turns: int | None = None
     max_episode_tokens: int = 4096
@@ -220,6 +220,7 @@ def rollout(env: Env, tasks: Sequence[Task], backend: TokenBackend | ChatBackend
     tokens = isinstance(backend, TokenBackend)
     runs = [_Run(task, k, env.reset(task), renderer, tokens) for task in tasks for k in range(config.group_size)]
     stop_ids = renderer.stop_token_ids() if tokens else []
+    base_sampling = replace(config.sampling, max_new_tokens=config.max_new_tokens)
     calls = generated = 0
     while True:
         active = [run for run in runs if not run.finished]
@@ -229,9 +230,9 @@ def rollout(env: Env, tasks: Sequence[Task], backend: TokenBackend | ChatBackend
             break
         calls += 1
         if tokens:
-            sampling = config.sampling.with_budget(config.max_new_tokens)
-            if config.sampling.seed is not None:  # a fresh, reproducible stream for every step
-                sampling = replace(sampling, seed=config.sampling.seed + calls)
+            sampling = base_sampling
+            if base_sampling.seed is not None:  # a fresh, reproducible stream for every step
+                sampling = replace(base_sampling, seed=base_sampling.seed + calls)
             # Each reply may use what is left of its episode's token budget, up to max_new_tokens.
             budgets = [min(config.max_new_tokens, config.max_episode_tokens - len(run.completion_ids)) for run in active]
             generations = backend.generate([run.context() for run in active], sampling, stop_ids, budgets)
@@ -239,9 +240,8 @@ def rollout(env: Env, tasks: Sequence[Task], backend: TokenBackend | ChatBackend
                 generated += len(generation.token_ids)
                 _apply_token_reply(run, generation, config, renderer.reply_format)
         else:
-            sampling = config.sampling.with_budget(config.max_new_tokens)
             tool_lists = [to_openai_tools(run.docs) if renderer.tools_in_template else [] for run in active]
-            generations = backend.chat([run.messages for run in active], tool_lists, sampling)
+            generations = backend.chat([run.messages for run in active], tool_lists, base_sampling)
             for run, generation in zip(active, generations):
                 _apply_chat_reply(run, generation, config, renderer.reply_format)
         for run in active:

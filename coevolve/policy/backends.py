@@ -15,7 +15,7 @@ is the untruncated distribution (as in TRL and vLLM's `processed_logprobs`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 BACKENDS = ("transformers", "vllm", "openai")
@@ -35,9 +35,6 @@ class SamplingConfig:
     def __post_init__(self) -> None:
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0 or self.max_new_tokens < 1:
             raise ValueError(f"invalid sampling settings: {self}")
-
-    def with_budget(self, max_new_tokens: int) -> "SamplingConfig":
-        return replace(self, max_new_tokens=max(1, min(self.max_new_tokens, max_new_tokens)))
 
 
 @dataclass(frozen=True)

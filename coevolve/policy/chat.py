@@ -124,6 +124,8 @@ class ChatRenderer:
     """Overrides the format's system prompt; `{tools}` in it is replaced by the tool list."""
     _template_tools: bool | None = field(default=None, repr=False)
     _suffix: str | None = field(default=None, repr=False)
+    _reference: dict[str, str] = field(default_factory=dict, repr=False)
+    """Rendering of the fixed reference conversation `continuation` diffs against, per tool list."""
 
     def __post_init__(self) -> None:
         if self.reply_format not in ("hermes", "python"):
@@ -233,7 +235,10 @@ class ChatRenderer:
         tools = self._template_tools_arg(docs)
         base = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
                 {"role": "assistant", "content": "A"}]
-        before = self._apply(base, tools, add_generation_prompt=False)
+        key = json.dumps(tools, sort_keys=True) if tools else ""
+        if key not in self._reference:  # the same for every reply of every episode with these tools
+            self._reference[key] = self._apply(base, tools, add_generation_prompt=False)
+        before = self._reference[key]
         after = self._apply(base + [dict(m) for m in new_messages], tools, add_generation_prompt=True)
         if not after.startswith(before):
             raise TemplateError("the chat template rewrites earlier turns when messages are appended; "

@@ -73,8 +73,8 @@ class TransformersBackend:
                          cache=cache, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1, :]
 
-    def _prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[Any, Any, Any, Any]:
-        """Run the prompts; return (cache, last-position logits, attention mask, row index per prompt)."""
+    def _prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[Any, Any, Any]:
+        """Run the prompts; return (cache, last-position logits, attention mask), one row per prompt."""
         import torch
         from transformers import DynamicCache
 
@@ -107,7 +107,7 @@ class TransformersBackend:
         index = torch.tensor(row_of, device=device)
         if len(unique) != len(prompts) or row_of != list(range(len(prompts))):
             cache.batch_select_indices(index)
-        return cache, logits[index], mask[index], index
+        return cache, logits[index], mask[index]
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, stop_token_ids: Sequence[int],
                  budgets: Sequence[int] | None = None) -> list[Generation]:
@@ -130,10 +130,11 @@ class TransformersBackend:
         if sampling.seed is not None:
             generator = torch.Generator(device=device)
             generator.manual_seed(sampling.seed)
-        cache, logits, mask, _ = self._prefill(prompts)
+        cache, logits, mask = self._prefill(prompts)
         stops = torch.tensor(sorted(set(stop_token_ids)) or [-1], device=device)
         positions = mask.sum(dim=-1)  # next position id of each row
         rows = list(range(len(prompts)))  # request index of each live cache row
+        row_limits = torch.tensor(limits, device=device)  # token budget of each live cache row
         tokens: list[list[int]] = [[] for _ in prompts]
         logps: list[list[float]] = [[] for _ in prompts]
         finish = ["length"] * len(prompts)
@@ -153,15 +154,15 @@ class TransformersBackend:
             for live, is_stopped in enumerate(stopped.tolist()):
                 if is_stopped:
                     finish[rows[live]] = "stop"
-            # A row also leaves when its own budget is spent (finish stays "length").
-            out_of_budget = torch.tensor([len(tokens[row]) >= limits[row] for row in rows], device=device)
-            leaving = stopped | out_of_budget
+            # A row also leaves when its own budget is spent (finish stays "length"); every live row has
+            # sampled step + 1 tokens so far.
+            leaving = stopped | (row_limits <= step + 1)
             if bool(leaving.all()):
                 break
             if bool(leaving.any()):
                 keep = (~leaving).nonzero().squeeze(-1)
                 cache.batch_select_indices(keep)
-                mask, positions, chosen = mask[keep], positions[keep], chosen[keep]
+                mask, positions, chosen, row_limits = mask[keep], positions[keep], chosen[keep], row_limits[keep]
                 rows = [rows[i] for i in keep.tolist()]
             mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
             logits = self._forward(chosen[:, None], cache, attention_mask=mask, position_ids=positions[:, None])

@@ -127,7 +127,7 @@ def pick_device(device: str = "auto") -> str:
 def load_tokenizer(spec: str) -> Any:
     from transformers import AutoTokenizer
 
-    path = resolve_model(spec)
+    path = resolve_model(spec)  # a resolved folder resolves to itself
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as error:
@@ -145,7 +145,7 @@ def load_model(spec: str, dtype: str = "auto", device: str = "auto") -> tuple[An
 
     device = pick_device(device)
     path = resolve_model(spec)
-    tokenizer = load_tokenizer(spec)
+    tokenizer = load_tokenizer(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype, device))
     except (OSError, ValueError) as error:

@@ -50,6 +50,7 @@ class ChatServer:
         self.backend = backend
         self.model_name = model_name
         self.renderer = ChatRenderer(backend.tokenizer, "hermes")
+        self.stop_token_ids = self.renderer.stop_token_ids()
         self.max_batch = max_batch
         self.batch_window_seconds = batch_window_seconds
         self.before_request = before_request
@@ -103,7 +104,7 @@ class ChatServer:
             for sampling, items in by_sampling.items():
                 try:
                     results = self.backend.generate([item.prompt_ids for item in items], sampling,
-                                                    self.renderer.stop_token_ids())
+                                                    self.stop_token_ids)
                     for item, result in zip(items, results):
                         item.result = result
                 except Exception as error:  # noqa: BLE001 - reported to the client as a 500, the server lives on
