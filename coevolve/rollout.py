@@ -71,12 +71,16 @@ class RolloutBatch:
 class _Run:
     """One live episode: its env episode, conversation and token record."""
 
-    def __init__(self, task: Task, sample_index: int, episode: Episode, renderer: ChatRenderer, tokens: bool) -> None:
+    def __init__(self, task: Task, sample_index: int, episode: Episode, renderer: ChatRenderer, tokens: bool,
+                 sibling: "_Run | None" = None) -> None:
         self.task, self.sample_index, self.episode, self.renderer = task, sample_index, episode, renderer
         self.started = time.perf_counter()
         self.docs = episode.tools()
-        self.messages = renderer.opening_messages(self.docs, episode.user_messages())
-        self.prompt_ids: list[int] = renderer.prompt_ids(self.messages, self.docs) if tokens else []
+        if sibling is not None:  # another sample of the same task: the same opening, rendered once per task
+            self.messages, self.prompt_ids = list(sibling.messages), sibling.prompt_ids
+        else:
+            self.messages = renderer.opening_messages(self.docs, episode.user_messages())
+            self.prompt_ids = renderer.prompt_ids(self.messages, self.docs) if tokens else []
         self.completion_ids: list[int] = []
         self.mask: list[int] = []
         self.logprobs: list[float] = []
@@ -218,7 +222,11 @@ def rollout(env: Env, tasks: Sequence[Task], backend: TokenBackend | ChatBackend
     """Run `config.group_size` episodes of every task, batched; see the module docstring."""
     started = time.perf_counter()
     tokens = isinstance(backend, TokenBackend)
-    runs = [_Run(task, k, env.reset(task), renderer, tokens) for task in tasks for k in range(config.group_size)]
+    runs: list[_Run] = []
+    for task in tasks:
+        first = _Run(task, 0, env.reset(task), renderer, tokens)
+        runs.append(first)
+        runs.extend(_Run(task, k, env.reset(task), renderer, tokens, sibling=first) for k in range(1, config.group_size))
     stop_ids = renderer.stop_token_ids() if tokens else []
     base_sampling = replace(config.sampling, max_new_tokens=config.max_new_tokens)
     calls = generated = 0
@@ -244,8 +252,5 @@ def rollout(env: Env, tasks: Sequence[Task], backend: TokenBackend | ChatBackend
             generations = backend.chat([run.messages for run in active], tool_lists, base_sampling)
             for run, generation in zip(active, generations):
                 _apply_chat_reply(run, generation, config, renderer.reply_format)
-        for run in active:
-            if not run.finished and tokens and len(run.completion_ids) >= config.max_episode_tokens:
-                run.finish(f"stopped at {len(run.completion_ids)} completion tokens (max_episode_tokens)")
     trajectories = tuple(run.trajectory(iteration) for run in runs)
     return RolloutBatch(trajectories, calls, generated, time.perf_counter() - started)

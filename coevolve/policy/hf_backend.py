@@ -117,9 +117,9 @@ class TransformersBackend:
             return []
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
-        limits = [max(1, min(b, sampling.max_new_tokens)) for b in budgets] if budgets else None
+        limits = [max(1, min(b, sampling.max_new_tokens)) for b in (budgets or [sampling.max_new_tokens] * len(prompts))]
         with torch.inference_mode():
-            return self._generate(prompts, sampling, stop_token_ids, limits or [sampling.max_new_tokens] * len(prompts))
+            return self._generate(prompts, sampling, stop_token_ids, limits)
 
     def _generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
                   stop_token_ids: Sequence[int], limits: list[int]) -> list[Generation]:
@@ -142,8 +142,11 @@ class TransformersBackend:
             scaled = logits.float() / sampling.temperature if sampling.temperature > 0 else logits.float()
             log_probs = torch.log_softmax(scaled, dim=-1)
             if sampling.temperature > 0:
-                filtered = _filter_logits(scaled, sampling.top_k, sampling.top_p)
-                chosen = torch.multinomial(torch.softmax(filtered, dim=-1), 1, generator=generator).squeeze(-1)
+                if sampling.top_k or sampling.top_p < 1.0:
+                    probs = torch.softmax(_filter_logits(scaled, sampling.top_k, sampling.top_p), dim=-1)
+                else:  # the untruncated distribution: reuse the log-softmax already computed
+                    probs = log_probs.exp()
+                chosen = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
             else:
                 chosen = scaled.argmax(dim=-1)
             chosen_logps = log_probs.gather(-1, chosen[:, None]).squeeze(-1)
