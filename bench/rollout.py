@@ -316,6 +316,8 @@ call sample up to M new tokens before cutting the episode to its M-token budget;
 to all prompts once and each distinct prompt once for its K samples, keeps each episode's KV state only within
 one generation call (it too re-prefills the context at the next step, but shares the common prefix), and gives
 each reply only what is left of its episode's budget. TRL also generates once more after the R-th tool round.
+The tool-call columns count calls per path: the 135M model calls tools in few episodes, so these figures are
+mostly its first replies. Long multi-turn episodes, where both loops re-prefill each step, are not measured here.
 """
     if not args.no_write:
         write_section("rollout", markdown)
