@@ -88,7 +88,7 @@ def main() -> None:
         f"Machine: {machine_line()}. "
         "Transformers backend, fp32, one reply <= 64 tokens, <= 3 replies with calls; demos are train-split tasks.",
         "",
-        "| format | demos | samples x T | episodes | success | accuracy | replies with a parsed call | mixed groups "
+        "| format | demos | samples x T | episodes | success | accuracy | episodes with a parsed call | mixed groups "
         "| prompt tokens | seconds |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
