@@ -45,6 +45,7 @@ bench: venv
 	$(BIN)/python bench/signals.py
 	$(BIN)/python bench/rollout.py
 	$(BIN)/python bench/zero_shot.py
+	$(BIN)/python bench/train_step.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -4,6 +4,7 @@
     coevolve eval --env bfcl-lite --split test --policy model:smollm2 [--backend transformers|vllm|openai]
                   [--samples K] [--format python|hermes] [--demos N] [--temperature T]
     coevolve serve --model smollm2 [--port 8000]
+    coevolve train --config configs/lite-static.yaml [--output-dir DIR] [--resume] [section.key=value ...]
     coevolve pool DIR [--json] [--iteration T] [--source seed|synthetic]
 
 Errors a user can cause (unknown category, missing or malformed replay file) print one line on stderr and exit 2.
@@ -176,7 +177,34 @@ def build_parser() -> argparse.ArgumentParser:
     _eval_parser(subparsers)
     _serve_parser(subparsers)
     _pool_parser(subparsers)
+    _train_parser(subparsers)
     return parser
+
+
+def _train_parser(subparsers) -> None:
+    parser = subparsers.add_parser("train", help="GRPO training (mode static: plain GRPO on D_0)")
+    parser.add_argument("--config", help="YAML config (see configs/); defaults apply to anything it leaves out")
+    parser.add_argument("--output-dir", help="run directory (default: run.output_dir of the config)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in the output directory from its last checkpoint")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value",
+                        help="config overrides, e.g. grpo.learning_rate=2e-6 run.max_steps=40")
+    parser.set_defaults(handler=run_train)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from coevolve.config import ConfigError
+    from coevolve.loop import run
+    from coevolve.policy.models import ModelError
+    from coevolve.train import TrainingError
+
+    if not args.config and not args.resume:
+        raise UsageError("--config FILE is required (e.g. configs/lite-static.yaml), unless --resume")
+    try:
+        run(args.config, args.overrides, args.output_dir, args.resume)
+    except (ConfigError, ModelError, TrainingError) as error:
+        raise UsageError(str(error)) from None
+    return 0
 
 
 def _serve_parser(subparsers) -> None:

@@ -89,3 +89,39 @@ class ScriptedBackend:
 @pytest.fixture()
 def scripted():
     return ScriptedBackend
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory, tokenizer):
+    """A random tiny Llama saved as a folder with the SmolLM2 tokenizer (TRL loads policy and reference by path)."""
+    from coevolve.policy.models import build_tiny_model
+    from support import save_model
+
+    return save_model(build_tiny_model(tokenizer, hidden_size=64, num_layers=2, seed=0), tokenizer,
+                      tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="session")
+def ls_policy_dir(tokenizer):
+    """A tiny model taught to answer BFCL-lite prompts with `[ls()]` or `[pwd()]` at about even odds (see
+    support.py), so GRPO groups on `ls()` tasks have reward variance. Built once into the test cache (~15 s)."""
+    import shutil
+    import tempfile
+
+    from coevolve.policy.models import build_tiny_model, cache_dir
+    from support import LS_REPLIES, ls_tasks, opening_prompts, save_model, teach_replies
+
+    target = cache_dir() / "test-models" / "ls-policy-v1"
+    if (target / "model.safetensors").exists():
+        return target
+    model = build_tiny_model(tokenizer, hidden_size=64, num_layers=2, seed=0)
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    teach_replies(model, tokenizer, opening_prompts(tokenizer, ls_tasks(4)), LS_REPLIES, stop, steps=60)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent))
+    save_model(model, tokenizer, staging)
+    try:
+        staging.rename(target)  # atomic: a concurrent or killed build never leaves half a model
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

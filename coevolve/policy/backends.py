@@ -78,7 +78,8 @@ class VLLMBackend:
     common system prompt, automatically. Imported only when chosen."""
 
     def __init__(self, model_path: str, tokenizer: Any, gpu_memory_utilization: float = 0.5,
-                 dtype: str = "auto", max_model_len: int | None = None, **engine_args: Any) -> None:
+                 dtype: str = "auto", max_model_len: int | None = None, engine: Any = None,
+                 **engine_args: Any) -> None:
         try:
             import vllm  # noqa: F401
         except ImportError as error:
@@ -89,9 +90,10 @@ class VLLMBackend:
         from vllm import LLM
 
         self.tokenizer = tokenizer
-        self.engine = LLM(model=model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
-                          enable_prefix_caching=True, max_model_len=max_model_len,
-                          logprobs_mode="processed_logprobs", **engine_args)
+        # `engine`: an existing `vllm.LLM`, e.g. the one TRL colocates with training and keeps in sync with its weights.
+        self.engine = engine or LLM(model=model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
+                                    enable_prefix_caching=True, max_model_len=max_model_len,
+                                    logprobs_mode="processed_logprobs", **engine_args)
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, stop_token_ids: Sequence[int],
                  budgets: Sequence[int] | None = None) -> list[Generation]:
@@ -120,6 +122,40 @@ class VLLMBackend:
             finish = "length" if sample.finish_reason == "length" else "stop"
             generations.append(Generation(sample.text, token_ids, logprobs, finish))
         return generations
+
+
+class VLLMClientBackend:
+    """Token backend over a vLLM server reached through a client with TRL's `VLLMClient.generate` interface
+    (`trl vllm-serve`; the trainer pushes its weights to that server). Requests are grouped by token budget, since
+    the server takes one `max_tokens` per request."""
+
+    def __init__(self, client: Any, tokenizer: Any) -> None:
+        self.client = client
+        self.tokenizer = tokenizer
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, stop_token_ids: Sequence[int],
+                 budgets: Sequence[int] | None = None) -> list[Generation]:
+        limits = [min(b, sampling.max_new_tokens) for b in (budgets or [sampling.max_new_tokens] * len(prompts))]
+        by_budget: dict[int, list[int]] = {}
+        for index, limit in enumerate(limits):
+            by_budget.setdefault(max(1, limit), []).append(index)
+        results: list[Generation | None] = [None] * len(prompts)
+        stops = set(stop_token_ids)
+        for limit, indices in by_budget.items():
+            extra: dict[str, Any] = {"stop_token_ids": list(stop_token_ids)}
+            if sampling.seed is not None:
+                extra["seed"] = sampling.seed
+            out = self.client.generate(prompts=[list(prompts[i]) for i in indices], n=1,
+                                       temperature=sampling.temperature, top_p=sampling.top_p,
+                                       top_k=sampling.top_k, max_tokens=limit, logprobs=0, generation_kwargs=extra)
+            for index, token_ids, logprobs in zip(indices, out["completion_ids"], out["logprobs"]):
+                token_ids = tuple(token_ids)
+                finish = "stop" if token_ids and token_ids[-1] in stops else "length"
+                text_ids = token_ids[:-1] if finish == "stop" else token_ids
+                results[index] = Generation(self.tokenizer.decode(text_ids, skip_special_tokens=True), token_ids,
+                                            tuple(float(lp[0]) if lp and lp[0] is not None else 0.0 for lp in logprobs),
+                                            finish)
+        return [r for r in results if r is not None]
 
 
 def make_backend(name: str, model: str = "", *, tokenizer: Any = None, device: str = "auto", dtype: str = "auto",

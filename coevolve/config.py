@@ -1,0 +1,312 @@
+"""Run configuration: typed sections read from YAML, dotted overrides from the command line, written back resolved.
+
+    config = load_config("configs/lite-static.yaml", ["grpo.learning_rate=2e-6", "run.max_steps=4"])
+    write_config(config, run_dir / "config.yaml")     # every default filled in: the run can be repeated from it
+
+Unknown sections or keys are errors (a typo must not silently fall back to a default), and every value is checked
+for its type, so a bad config fails before any model is loaded. Names follow what they are (`group_size`,
+`prompts_per_step`), not TRL's argument names: `coevolve.train` maps them onto `trl.GRPOConfig`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+MODES = ("static",)
+"""Training modes available in `coevolve train`. The loop's modes (coevolve, random, synthetic) arrive with it."""
+LOSS_NORMALISATIONS = ("tokens", "sequence", "constant")
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be used; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class RunSection:
+    mode: str = "static"
+    output_dir: str = "runs/default"
+    max_steps: int = 20
+    """Optimizer steps in the whole run."""
+    save_steps: int = 10
+    """Checkpoint every N optimizer steps (and at the end)."""
+    save_total_limit: int | None = 2
+    seed: int = 0
+    logging_steps: int = 1
+    report_to: tuple[str, ...] = ()
+    """TRL/transformers loggers, e.g. ["tensorboard"]; empty = none."""
+
+
+@dataclass(frozen=True)
+class EnvSection:
+    name: str = "bfcl-lite"
+    split: str | None = "train"
+    """Task split for envs that have one (bfcl-lite); D_0 is this split."""
+    category: str | None = None
+    """BFCL-V3 multi-turn category (env `bfcl`)."""
+    limit: int | None = None
+    """Train on the first N tasks only."""
+    tasks_file: str | None = None
+    """D_0 from a JSON-lines file of tasks (`Task.to_json`, e.g. exported from a pool) instead of the env's split;
+    the tasks must run in this env."""
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    name: str = "smollm2"
+    """A Hub id, a local folder, or `smollm2` (the shipped SmolLM2-135M-Instruct)."""
+    dtype: str = "auto"
+    device: str = "auto"
+    reply_format: str = "python"
+    """How the model writes calls: `python` (BFCL's list of calls) or `hermes` (`<tool_call>` JSON)."""
+    demos: int = 3
+    """Worked examples (train tasks solved by their ground truth) in every prompt."""
+    chat_template: str | None = None
+    """A Jinja file to use instead of the tokenizer's template (e.g. a tool-aware one)."""
+
+
+@dataclass(frozen=True)
+class RolloutSection:
+    group_size: int = 4
+    """K: rollouts per task, one GRPO group (TRL's num_generations)."""
+    max_new_tokens: int = 64
+    """Tokens in one model reply."""
+    max_replies_per_turn: int = 2
+    max_turns: int | None = None
+    max_episode_tokens: int = 512
+    """Completion tokens (model + env) of a whole episode; also TRL's max_completion_length."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+
+@dataclass(frozen=True)
+class GRPOSection:
+    prompts_per_step: int = 2
+    """Tasks per optimizer step; the step trains on prompts_per_step x group_size trajectories."""
+    micro_batch_size: int | None = None
+    """Trajectories per forward/backward pass (per device); None = one group (group_size). Gradients accumulate
+    over the step, so this changes memory, not the objective."""
+    learning_rate: float = 1e-6
+    epsilon_low: float = 0.2
+    """Clip range below 1 (the paper's epsilon)."""
+    epsilon_high: float = 0.2
+    """Clip range above 1; > epsilon_low is DAPO's clip-higher."""
+    beta: float = 0.0
+    """KL coefficient; > 0 loads the reference model (or, with LoRA, disables the adapter to get it)."""
+    kl_importance_correction: bool = False
+    """Multiply each token's KL by the ratio r (DeepSeek-V3.2's unbiased off-policy KL gradient; TRL's default).
+    False = the paper's plain beta * KL."""
+    ref_model: str | None = None
+    """Reference policy for the KL term; None = the initial policy."""
+    loss_normalisation: str = "tokens"
+    """`tokens`: 1/sum of model tokens over the step (the paper's 1/sum_k |tau_k|, TRL `dapo`);
+    `sequence`: mean over each trajectory's tokens, then over trajectories (TRL `grpo`);
+    `constant`: 1/(trajectories x max_episode_tokens) (Dr. GRPO, TRL `dr_grpo`)."""
+    scale_rewards: str = "group"
+    """Advantage = (R - group mean) / (std + 1e-4) with std over the `group`, the `batch`, or `none` (no division)."""
+    num_iterations: int = 1
+    """Optimisation passes over each batch of rollouts (mu); > 1 makes the ratio r differ from 1."""
+    max_grad_norm: float = 1.0
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    lr_scheduler: str = "constant"
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+    mask_truncated: bool = False
+    """Drop trajectories cut by a limit from the loss (DAPO's overlong filtering)."""
+
+
+@dataclass(frozen=True)
+class LoraSection:
+    enabled: bool = False
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    target_modules: str | tuple[str, ...] = "all-linear"
+
+
+@dataclass(frozen=True)
+class VLLMSection:
+    enabled: bool = False
+    mode: str = "colocate"
+    """`colocate` (vLLM shares the training GPUs) or `server` (a `trl vllm-serve` process)."""
+    gpu_memory_utilization: float = 0.3
+    tensor_parallel_size: int = 1
+    max_model_length: int | None = None
+    server_base_url: str | None = None
+    enable_sleep_mode: bool = False
+
+
+@dataclass(frozen=True)
+class Config:
+    run: RunSection = field(default_factory=RunSection)
+    env: EnvSection = field(default_factory=EnvSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
+    grpo: GRPOSection = field(default_factory=GRPOSection)
+    lora: LoraSection = field(default_factory=LoraSection)
+    vllm: VLLMSection = field(default_factory=VLLMSection)
+
+    def __post_init__(self) -> None:
+        _check(self.run.mode in MODES, "run.mode", f"must be one of {MODES}; the loop's modes come with `coevolve.loop`")
+        _check(self.run.max_steps >= 1 and self.run.save_steps >= 1, "run.max_steps/save_steps", "must be >= 1")
+        _check(self.rollout.group_size >= 2, "rollout.group_size", "GRPO needs at least 2 rollouts per task")
+        _check(self.grpo.prompts_per_step >= 1, "grpo.prompts_per_step", "must be >= 1")
+        _check(self.grpo.loss_normalisation in LOSS_NORMALISATIONS, "grpo.loss_normalisation",
+               f"must be one of {LOSS_NORMALISATIONS}")
+        _check(self.grpo.scale_rewards in ("group", "batch", "none"), "grpo.scale_rewards", "group, batch or none")
+        _check(self.grpo.beta >= 0 and self.grpo.epsilon_low >= 0 and self.grpo.epsilon_high >= 0,
+               "grpo.beta/epsilon_*", "must be >= 0")
+        _check(self.model.reply_format in ("python", "hermes"), "model.reply_format", "python or hermes")
+        _check(self.vllm.mode in ("colocate", "server"), "vllm.mode", "colocate or server")
+        micro = self.grpo.micro_batch_size or self.rollout.group_size
+        _check((self.grpo.prompts_per_step * self.rollout.group_size) % micro == 0, "grpo.micro_batch_size",
+               "must divide prompts_per_step x group_size")
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(dataclasses.asdict(self))
+
+
+def _check(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {message}")
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
+
+
+def _coerce(value: Any, annotation: Any, key: str) -> Any:
+    """Check `value` against a field's annotation (bool, int, float, str, None, tuple[str, ...], unions)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for option in typing.get_args(annotation):
+            try:
+                return _coerce(value, option, key)
+            except ConfigError as error:
+                errors.append(str(error))
+        raise ConfigError(f"{key}: {value!r} is not a {annotation}")
+    if annotation is type(None):
+        if value is None:
+            return None
+        raise ConfigError(f"{key}: expected null, got {value!r}")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return tuple(_coerce(item, typing.get_args(annotation)[0], key) for item in value)
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+    elif annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif annotation is str:
+        if isinstance(value, str):
+            return value
+    raise ConfigError(f"{key}: expected {getattr(annotation, '__name__', annotation)}, got {value!r}")
+
+
+def _section(cls: type, values: Mapping[str, Any], name: str) -> Any:
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{name}: expected a mapping of keys, got {values!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"{name}: unknown key(s) {unknown}; known: {sorted(known)}")
+    return cls(**{key: _coerce(value, hints[key], f"{name}.{key}") for key, value in values.items()})
+
+
+def from_dict(data: Mapping[str, Any] | None) -> Config:
+    data = dict(data or {})
+    hints = typing.get_type_hints(Config)
+    unknown = sorted(set(data) - set(hints))
+    if unknown:
+        raise ConfigError(f"unknown section(s) {unknown}; known: {sorted(hints)}")
+    return Config(**{name: _section(hints[name], values or {}, name) for name, values in data.items()})
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """`section.key=value` strings; the value is read as YAML (`4`, `1e-6`, `true`, `null`, `[a, b]`)."""
+    import yaml
+
+    data = {name: dict(values or {}) for name, values in data.items()}
+    for override in overrides:
+        key, sep, text = override.partition("=")
+        parts = key.strip().split(".")
+        if not sep or len(parts) != 2 or not all(parts):
+            raise ConfigError(f"override {override!r}: expected section.key=value, e.g. grpo.learning_rate=1e-6")
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError as error:
+            raise ConfigError(f"override {override!r}: {error}") from None
+        data.setdefault(parts[0], {})[parts[1]] = value
+    return data
+
+
+def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Config:
+    import yaml
+
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except OSError as error:
+            raise ConfigError(f"cannot read config {path}: {error.strerror}") from None
+        except yaml.YAMLError as error:
+            raise ConfigError(f"config {path} is not valid YAML: {error}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config {path}: expected sections (run:, env:, model:, ...) at the top level")
+        data = loaded or {}
+    return from_dict(_floats_from_strings(apply_overrides(data, overrides)))
+
+
+def _floats_from_strings(data: dict[str, Any]) -> dict[str, Any]:
+    """YAML 1.1 reads `1e-6` (no dot) as a string; turn such values into floats where a float is expected."""
+    hints = typing.get_type_hints(Config)
+    out: dict[str, Any] = {}
+    for name, values in data.items():
+        section = hints.get(name)
+        if section is None or not isinstance(values, dict):
+            out[name] = values
+            continue
+        field_hints = typing.get_type_hints(section)
+        fixed = {}
+        for key, value in values.items():
+            if isinstance(value, str) and float in typing.get_args(field_hints.get(key)) + (field_hints.get(key),):
+                try:
+                    value = float(value)
+                except ValueError:
+                    pass
+            fixed[key] = value
+        out[name] = fixed
+    return out
+
+
+def write_config(config: Config, path: str | Path) -> None:
+    """Write the resolved config atomically (a crash leaves the old file or the new one, never half of one)."""
+    import yaml
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(config.to_dict(), sort_keys=False)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(handle.name, path)

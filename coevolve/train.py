@@ -1,0 +1,448 @@
+"""GRPO on TRL: the paper's objective over our multi-turn rollouts. The only module that imports TRL.
+
+The objective (paper, "GRPO training objective"; DESIGN.md), per group of K trajectories tau_k of one task:
+
+    J(theta) = 1/sum_k |tau_k| * sum_k sum_t min(r_kt A_k, clip(r_kt, 1 - eps_low, 1 + eps_high) A_k)
+               - beta * KL(pi_theta || pi_ref)
+    r_kt = pi_theta(o_kt | ...) / pi_old(o_kt | ...),    A_k = (R_k - mean(R)) / (std(R) + delta)
+
+|tau_k| counts only the tokens the model generated: tool results, user turns and template tokens between replies
+are in the sequence (the model attends to them) but carry no loss. How that maps onto TRL's `GRPOTrainer`:
+
+- Rollouts: `GRPOTrainer(rollout_func=EnvRollouts(...))`. TRL hands us the generation batch's prompts (task ids,
+  each repeated K = `num_generations` times); we run our batched engine (`coevolve.rollout`) against the env and
+  return `prompt_ids` (the opening prompt), `completion_ids` (replies interleaved with env tokens), the sampling
+  `logprobs`, and `env_mask` (1 = model token), which TRL multiplies into its loss mask.
+- Reward: the env's score of each trajectory (`env_score`, passed through the rollout output to the reward function).
+- Advantages: TRL's `(R - group mean) / (std + 1e-4)`, std with Bessel's correction (`scale_rewards="group"`;
+  the paper does not say which std; delta = 1e-4). Groups whose K rewards are equal get A = 0 exactly.
+- Clipping: TRL's two-sided `epsilon` (= eps_low) and `epsilon_high`; the KL term is TRL's k3 estimator
+  exp(ref - logp) - (ref - logp) - 1 per model token (DeepSeekMath's unbiased estimator of KL(pi_theta || pi_ref)),
+  added to each token's loss, so it shares the token normalisation below. TRL multiplies it by r by default
+  (DeepSeek-V3.2's off-policy correction); we follow the paper and do not, unless `grpo.kl_importance_correction`.
+- Normalisation `grpo.loss_normalisation="tokens"` -> TRL `loss_type="dapo"`: the summed token losses of the whole
+  optimisation step divided by the number of model tokens in it (over micro-batches and processes). For a step of
+  one group this is exactly the paper's 1/sum_k |tau_k|. **Deviation:** with several groups per step
+  (`prompts_per_step > 1`) the normaliser is the step's total token count, i.e. groups weigh by their token count,
+  where averaging the paper's per-group J over groups would weigh them equally; the paper does not say how it
+  batches groups. `sequence` -> TRL `grpo` (mean per trajectory, then over trajectories) and `constant` ->
+  `dr_grpo` (Dr. GRPO) are offered for comparison.
+- pi_old: with `num_iterations = 1` TRL uses the detached current logprobs (r = 1 in value, the gradient is the
+  policy gradient); with `num_iterations > 1` it stores the logprobs before the first update.
+- Reference model: the initial policy (TRL reloads it from the policy's path), or `grpo.ref_model`, or with LoRA
+  the base model under a disabled adapter.
+- Truncated trajectories (`grpo.mask_truncated`) are dropped from the loss by zeroing their `env_mask`, using our
+  own truncation record (TRL's check looks for an EOS at the end, which a multi-turn episode need not have).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental" in TRL; we know
+
+from coevolve.config import Config, ConfigError
+from coevolve.envs.base import Env
+from coevolve.policy.backends import SamplingConfig
+from coevolve.policy.chat import ChatRenderer
+from coevolve.records import Task, Trajectory
+from coevolve.rollout import RolloutBatch, RolloutConfig, rollout
+
+LOSS_TYPES = {"tokens": "dapo", "sequence": "grpo", "constant": "dr_grpo"}
+"""grpo.loss_normalisation -> TRL loss_type (see the module docstring)."""
+CHECKPOINTS = "checkpoints"
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on as asked (the message says why and what to do)."""
+
+
+@dataclass(frozen=True)
+class StepRollouts:
+    """The rollouts of one optimizer step: what the trainer learned from and what the loop's signals read."""
+
+    step: int
+    trajectories: tuple[Trajectory, ...]
+    seconds: float
+
+    @property
+    def success_rate(self) -> float:
+        return sum(t.score >= 1.0 for t in self.trajectories) / max(1, len(self.trajectories))
+
+    def summary(self) -> dict[str, Any]:
+        groups: dict[str, list[float]] = {}
+        for trajectory in self.trajectories:
+            groups.setdefault(trajectory.task_id, []).append(trajectory.score)
+        return {
+            "step": self.step,
+            "rollout/success_rate": self.success_rate,
+            "rollout/mean_score": sum(t.score for t in self.trajectories) / max(1, len(self.trajectories)),
+            "rollout/mixed_groups": sum(len(set(scores)) > 1 for scores in groups.values()),
+            "rollout/groups": len(groups),
+            "rollout/model_tokens": sum(sum(t.completion_mask) for t in self.trajectories),
+            "rollout/truncated": sum(t.truncated for t in self.trajectories),
+            "rollout/seconds": round(self.seconds, 4),
+        }
+
+
+def _groups(task_ids: Sequence[str]) -> tuple[list[str], int]:
+    """(distinct ids in order, K) when the ids come as equal runs of K copies (TRL's sampler, one process);
+    else (the ids themselves, 1): each occurrence is then one episode (a group split across processes)."""
+    runs: list[list[str]] = []
+    for task_id in task_ids:
+        if runs and runs[-1][0] == task_id:
+            runs[-1].append(task_id)
+        else:
+            runs.append([task_id])
+    sizes = {len(run) for run in runs}
+    if len(sizes) == 1 and len({run[0] for run in runs}) == len(runs):
+        return [run[0] for run in runs], sizes.pop()
+    return list(task_ids), 1
+
+
+class EnvRollouts:
+    """TRL `rollout_func`: our batched multi-turn engine over the env; see the module docstring.
+
+    `backend`: a fixed token backend (tests, benchmarks), or None to generate with the model being trained
+    (transformers, or TRL's vLLM engine / server when `use_vllm`)."""
+
+    def __init__(self, env: Env, tasks: Sequence[Task], renderer: ChatRenderer, rollout_config: RolloutConfig,
+                 seed: int = 0, iteration: int = 0, mask_truncated: bool = False, backend: Any = None,
+                 on_step: Callable[[StepRollouts], None] | None = None) -> None:
+        self.env, self.renderer, self.config = env, renderer, rollout_config
+        self.tasks = {task.id: task for task in tasks}
+        self.seed, self.iteration, self.mask_truncated = seed, iteration, mask_truncated
+        self.backend, self.on_step = backend, on_step
+        self.last: StepRollouts | None = None
+
+    def set_tasks(self, tasks: Sequence[Task]) -> None:
+        """Add tasks to the table (the loop grows D_t); ids already handed to TRL stay resolvable."""
+        self.tasks.update({task.id: task for task in tasks})
+
+    @contextlib.contextmanager
+    def _generation_backend(self, trainer: Any) -> Iterator[Any]:
+        from coevolve.policy.backends import VLLMBackend, VLLMClientBackend
+
+        if self.backend is not None:
+            yield self.backend
+        elif getattr(trainer, "use_vllm", False):
+            generation = trainer.vllm_generation  # TRL synced its weights before calling us
+            if trainer.args.vllm_mode == "server":
+                yield VLLMClientBackend(generation.vllm_client, trainer.processing_class)
+            else:
+                yield VLLMBackend("", trainer.processing_class, engine=generation.llm)
+        else:
+            from trl.models import unwrap_model_for_generation
+
+            from coevolve.policy.hf_backend import TransformersBackend
+
+            with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
+                                             gather_deepspeed3_params=trainer.args.ds3_gather_for_generation) as model:
+                was_training = model.training
+                model.eval()  # no dropout, and the KV cache works under gradient checkpointing
+                try:
+                    yield TransformersBackend(model, trainer.processing_class)
+                finally:
+                    model.train(was_training)
+
+    def __call__(self, prompts: Sequence[Any], trainer: Any) -> dict[str, list]:
+        started = time.perf_counter()
+        task_ids = [str(prompt) for prompt in prompts]
+        missing = sorted(set(task_ids) - set(self.tasks))
+        if missing:
+            raise TrainingError(f"the trainer asked for unknown task ids {missing[:3]}")
+        step = trainer.state.global_step + 1
+        process = trainer.accelerator.process_index
+        distinct, group_size = _groups(task_ids)
+        # A seed per (run, step, process): a resumed run samples exactly what the uninterrupted one would have.
+        sampling = SamplingConfig(temperature=trainer.args.temperature, top_p=trainer.args.top_p,
+                                  top_k=trainer.args.top_k or 0, max_new_tokens=self.config.max_new_tokens,
+                                  seed=(self.seed * 1_000_003 + step * 7919 + process) % 2**31)
+        config = replace(self.config, group_size=group_size, sampling=sampling)
+        with self._generation_backend(trainer) as backend:
+            batch: RolloutBatch = rollout(self.env, [self.tasks[i] for i in distinct], backend, self.renderer,
+                                          config, iteration=self.iteration)
+        trajectories = self._renamed(batch.trajectories, step, process)
+        record = StepRollouts(step, trajectories, time.perf_counter() - started)
+        self.last = record
+        if self.on_step is not None:
+            self.on_step(record)
+        masks = [list(t.completion_mask) for t in trajectories]
+        if self.mask_truncated:
+            masks = [[0] * len(mask) if t.truncated else mask for t, mask in zip(trajectories, masks)]
+        return {
+            "prompt_ids": [list(t.prompt_ids) for t in trajectories],
+            "completion_ids": [list(t.completion_ids) for t in trajectories],
+            "logprobs": [list(t.logprobs) for t in trajectories],
+            "env_mask": masks,
+            "env_score": [t.score for t in trajectories],
+        }
+
+    def _renamed(self, trajectories: Sequence[Trajectory], step: int, process: int) -> tuple[Trajectory, ...]:
+        """Unique ids per step (a task can come back in a later step of the same iteration), k = occurrence."""
+        seen: dict[str, int] = {}
+        renamed = []
+        for trajectory in trajectories:
+            k = seen[trajectory.task_id] = seen.get(trajectory.task_id, -1) + 1
+            suffix = f"-p{process}" if process else ""
+            renamed.append(replace(trajectory, sample_index=k,
+                                   id=f"{trajectory.task_id}-i{self.iteration}-s{step}{suffix}-k{k}"))
+        return tuple(renamed)
+
+
+def env_score_reward(prompts: Sequence[Any], completions: Sequence[Any], env_score: Sequence[float],
+                     **_: Any) -> list[float]:
+    """The reward: the env's score of each trajectory (BFCL's binary state/response checks)."""
+    return [float(score) for score in env_score]
+
+
+def task_dataset(tasks: Sequence[Task]) -> Any:
+    """TRL's dataset: one row per task, the prompt being the task id (our rollout_func renders the real prompt)."""
+    from datasets import Dataset
+
+    if not tasks:
+        raise TrainingError("no tasks to train on")
+    return Dataset.from_dict({"prompt": [task.id for task in tasks]})
+
+
+def grpo_args(config: Config, output_dir: Path, num_processes: int = 1) -> Any:
+    """Our config -> `trl.GRPOConfig`. One generation per optimizer step: all prompts_per_step x K trajectories
+    are rolled out together, then consumed in micro-batches with gradient accumulation."""
+    from trl import GRPOConfig
+
+    from coevolve.policy.models import pick_device
+
+    grpo, rollout_section, run, vllm = config.grpo, config.rollout, config.run, config.vllm
+    trajectories = grpo.prompts_per_step * rollout_section.group_size
+    micro = grpo.micro_batch_size or rollout_section.group_size
+    if trajectories % (micro * num_processes):
+        raise ConfigError(f"grpo.prompts_per_step x rollout.group_size = {trajectories} must divide into micro-batches "
+                          f"of {micro} on {num_processes} process(es)")
+    accumulation = trajectories // (micro * num_processes)
+    device = pick_device(config.model.device)
+    dtype = config.model.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if grpo.bf16 else "float32"
+    return GRPOConfig(
+        output_dir=str(output_dir / CHECKPOINTS),
+        seed=run.seed,
+        max_steps=run.max_steps,
+        save_strategy="steps",
+        save_steps=run.save_steps,
+        save_total_limit=run.save_total_limit,
+        logging_steps=run.logging_steps,
+        report_to=list(run.report_to) or "none",
+        use_cpu=device == "cpu",
+        bf16=grpo.bf16,
+        fp16=False,
+        model_init_kwargs={"dtype": dtype},
+        learning_rate=grpo.learning_rate,
+        lr_scheduler_type=grpo.lr_scheduler,
+        warmup_steps=grpo.warmup_steps,
+        weight_decay=grpo.weight_decay,
+        max_grad_norm=grpo.max_grad_norm,
+        activation_checkpointing=grpo.gradient_checkpointing,  # transformers 5's name; TRL's default is True
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=accumulation,
+        steps_per_generation=accumulation,
+        num_generations=rollout_section.group_size,
+        num_iterations=grpo.num_iterations,
+        max_completion_length=rollout_section.max_episode_tokens,
+        temperature=rollout_section.temperature,
+        top_p=rollout_section.top_p,
+        top_k=rollout_section.top_k,
+        beta=grpo.beta,
+        use_bias_correction_kl=grpo.kl_importance_correction,
+        epsilon=grpo.epsilon_low,
+        epsilon_high=grpo.epsilon_high,
+        loss_type=LOSS_TYPES[grpo.loss_normalisation],
+        scale_rewards=grpo.scale_rewards,
+        mask_truncated_completions=False,  # we mask truncation ourselves, from the rollout record
+        disable_dropout=True,
+        use_vllm=vllm.enabled,
+        vllm_mode=vllm.mode,
+        vllm_gpu_memory_utilization=vllm.gpu_memory_utilization,
+        vllm_tensor_parallel_size=vllm.tensor_parallel_size,
+        vllm_max_model_length=vllm.max_model_length,
+        vllm_server_base_url=vllm.server_base_url,
+        vllm_enable_sleep_mode=vllm.enable_sleep_mode,
+        dataloader_num_workers=0,
+        log_completions=False,
+    )
+
+
+def lora_config(config: Config) -> Any:
+    if not config.lora.enabled:
+        return None
+    from peft import LoraConfig
+
+    target = config.lora.target_modules
+    return LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
+                      target_modules=target if isinstance(target, str) else list(target), task_type="CAUSAL_LM")
+
+
+CPU_COMPACT_SCORING = True
+"""Score only the completion positions on CPU (see `_compact_scoring_on_cpu`); the benchmark turns it off to
+compare with bare TRL."""
+
+
+def _compact_scoring_on_cpu() -> None:
+    """TRL's fused LM head scores every position of the sequence, prompt included, unless the device runs Triton:
+    elsewhere it keeps tile shapes fixed to spare Neuron devices a recompilation per batch. A CPU has nothing to
+    recompile, and with ~900-token prompts and ~100 completion tokens, full-vocabulary scores of the prompt are
+    most of a CPU step. So on CPU we take TRL's own compact path (select the labelled positions, score those);
+    the log-probabilities are the same (the other positions are zeroed either way)."""
+    import trl.trainer.utils as trl_utils
+
+    original = getattr(trl_utils._use_triton, "__wrapped__", trl_utils._use_triton)
+
+    def use_compact(device: Any) -> bool:
+        return (CPU_COMPACT_SCORING and device.type == "cpu") or original(device)
+
+    use_compact.__wrapped__ = original  # type: ignore[attr-defined]
+    trl_utils._use_triton = use_compact
+
+
+def _trainer_class() -> type:
+    from trl import GRPOTrainer
+
+    class CoevolveGRPOTrainer(GRPOTrainer):
+        """TRL's trainer, with a task order that survives a resume.
+
+        TRL's sampler draws each epoch's shuffle from one generator seeded once, so the order of epoch e depends on
+        how many epochs this process drew before: a run resumed in its second epoch replays the first epoch's
+        order. transformers calls `set_epoch(e)` on the sampler at every epoch (after a resume too), so reseeding
+        there makes the order a function of (seed, epoch) alone, and the resumed run sees the tasks the
+        uninterrupted one would have."""
+
+        def _get_train_sampler(self, dataset: Any = None) -> Any:
+            sampler = super()._get_train_sampler(dataset)
+            if getattr(sampler, "shuffle", False) and getattr(sampler, "seed", None) is not None:
+                seed = sampler.seed
+                sampler.set_epoch = lambda epoch: sampler.generator.manual_seed(seed + epoch)
+            return sampler
+
+    return CoevolveGRPOTrainer
+
+
+def build_trainer(config: Config, output_dir: Path, model_path: str, tokenizer: Any, rollouts: EnvRollouts,
+                  tasks: Sequence[Task], callbacks: Sequence[Any] = ()) -> Any:
+    """A `trl.GRPOTrainer` whose rollouts are ours and whose reward is the env score."""
+    from accelerate import PartialState
+
+    _compact_scoring_on_cpu()
+    args = grpo_args(config, output_dir, PartialState().num_processes)
+    trainer = _trainer_class()(
+        model=model_path,
+        reward_funcs=env_score_reward,
+        args=args,
+        train_dataset=task_dataset(tasks),
+        processing_class=tokenizer,
+        peft_config=lora_config(config),
+        rollout_func=rollouts,
+        callbacks=list(callbacks),
+    )
+    if config.grpo.ref_model and config.grpo.beta > 0:
+        _replace_reference(trainer, config)
+    return trainer
+
+
+def _replace_reference(trainer: Any, config: Config) -> None:
+    """Use `grpo.ref_model` as pi_ref instead of the initial policy (prepared the way TRL prepares its own)."""
+    from trl.models import prepare_deepspeed, prepare_fsdp
+    from trl.trainer.utils import add_fused_lm_head, create_model_from_path, disable_dropout_in_model
+
+    from coevolve.policy.models import resolve_model
+
+    if config.lora.enabled:
+        raise ConfigError("grpo.ref_model: with LoRA the reference is the base model (adapter disabled); unset it")
+    reference = create_model_from_path(resolve_model(config.grpo.ref_model), **trainer.args.model_init_kwargs)
+    disable_dropout_in_model(reference)
+    add_fused_lm_head(reference, temperature=trainer.temperature,
+                      cast_lm_head_to_fp32=trainer.args.cast_lm_head_to_fp32)
+    if trainer.is_deepspeed_enabled:
+        reference = prepare_deepspeed(reference, trainer.accelerator)
+    elif trainer.is_fsdp_enabled:
+        reference = prepare_fsdp(reference, trainer.accelerator)
+    else:
+        reference = trainer.accelerator.prepare_model(reference, evaluation_mode=True)
+    trainer.ref_model = reference
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(path.name.rsplit("-", 1)[-1])
+
+
+def last_checkpoint(output_dir: Path) -> Path | None:
+    """The newest complete checkpoint (TRL writes `trainer_state.json` last)."""
+    folder = output_dir / CHECKPOINTS
+    done = [p for p in folder.glob("checkpoint-*") if (p / "trainer_state.json").exists()] if folder.exists() else []
+    return max(done, key=checkpoint_step, default=None)
+
+
+class JsonLines:
+    """An append-only JSON-lines file, one object per optimizer step, flushed and fsynced per line. On resume,
+    lines from steps after the checkpoint (trained, then lost with the kill) are dropped, atomically."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def append(self, record: dict[str, Any]) -> None:
+        self.extend([record])
+
+    def extend(self, records: Sequence[dict[str, Any]]) -> None:
+        """Append records with one write and one fsync (a step's trajectories go in together)."""
+        with self.path.open("a") as handle:
+            handle.write("".join(json.dumps(record, sort_keys=True) + "\n" for record in records))
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        records = []
+        for line in self.path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:  # the last line of a killed write
+                continue
+        return records
+
+    def truncate_after(self, step: int) -> None:
+        kept = [r for r in self.read() if r.get("step", 0) <= step]
+        temporary = self.path.with_suffix(".tmp")
+        temporary.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+        os.replace(temporary, self.path)
+
+
+def trajectory_summary(trajectory: Trajectory) -> dict[str, Any]:
+    """A trajectory without its token record (the run directory keeps what a person and the signals read)."""
+    tokens = ("prompt_ids", "completion_ids", "completion_mask", "logprobs")
+    # Drop the token record before `asdict`, which would deep-copy a thousand ids per trajectory first.
+    data = replace(trajectory, **{key: () for key in tokens}).to_dict()
+    for key in tokens:
+        del data[key]
+    return data
+
+
+def metrics_callback(metrics: JsonLines, pending: dict[int, dict[str, Any]]) -> Any:
+    """A `TrainerCallback` writing one metrics line per logged step: TRL's logs (loss, reward, KL, clip ratios,
+    learning rate) merged with our rollout summary of that step."""
+    from transformers import TrainerCallback
+
+    class _Metrics(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not logs or "train_runtime" in logs:  # the final summary line of `train()` is not a step
+                return
+            record = {"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
+            for step in sorted(s for s in pending if s <= state.global_step):
+                record.update({k: v for k, v in pending.pop(step).items() if k != "step"})
+            metrics.append(record)
+
+    return _Metrics()
