@@ -286,8 +286,9 @@ scoring of every sequence position vs only the completion positions on CPU (the 
 Our adapter's own work per step (renaming trajectories, the step record, the rollout log, lists for TRL; timed
 inside the run as the `rollout_func` call minus the engine in it): **{adapter_ms:.1f} ms, {adapter_share:.3%} of a
 step** (goal <= 5%). The training parts of the two sides differ by {overhead:+.1%} (compact scoring on both):
-that is not adapter cost but what was sampled (the two sides sample different completions, hence different
-lengths; the last column) and the noise of two CPU cores; the whole-step ratios carry the same noise.
+not adapter cost, but what was sampled (different completions; when the longest ones match, as the last column
+shows, the padded batches have the same shape) and the noise of two shared CPU cores: runs of this script have
+given gaps of either sign up to about 7%. The whole-step ratios carry the same noise.
 What a user sees, ours (compact) vs bare TRL ({scorings[0]}) per step: **{user_gain:.2f}x** faster: the shared
 prefill of our engine and, on CPU, the compact scoring. The rollout columns differ by engine (ours prefills the
 shared prompt once per group) and by what was sampled.

@@ -140,14 +140,14 @@ def build_renderer(config: Config, env: Env, tasks: Sequence[Task]) -> tuple[Any
 
 
 def train_phase(config: Config, directory: Path, env: Env, tasks: Sequence[Task], tokenizer: Any, renderer: Any,
-                resume: bool, backend: Any = None) -> tuple[int, int]:
+                resume: bool, backend: Any = None, say: Callable[[str], None] = print) -> tuple[int, int]:
     """Train with TRL until run.max_steps; returns (step resumed from, final step)."""
+    from accelerate import PartialState
+
     from coevolve.policy.models import resolve_model
     from coevolve.rollout import RolloutConfig
     from coevolve.train import (EnvRollouts, JsonLines, TrainingError, build_trainer, checkpoint_step,
                                 last_checkpoint, metrics_callback, trajectory_summary)
-
-    from accelerate import PartialState
 
     process = PartialState()
     # Under `accelerate launch` every process rolls out its own share: each keeps its own rollout log, and only
@@ -158,15 +158,15 @@ def train_phase(config: Config, directory: Path, env: Env, tasks: Sequence[Task]
     checkpoint = last_checkpoint(directory) if resume else None
     start = checkpoint_step(checkpoint) if checkpoint else 0
     if resume and checkpoint is None:
-        print(f"no checkpoint in {directory / 'checkpoints'} yet: training from step 0")
+        say(f"no checkpoint in {directory / 'checkpoints'} yet: training from step 0")
     # Steps after the checkpoint were lost with the kill; they run again, so their lines go.
     logs = (metrics, rollouts_log) if process.is_main_process else (rollouts_log,)
     for log in logs:
         if log.path.exists():
             log.truncate_after(start)
     if start >= config.run.max_steps:
-        print(f"nothing to train: the last checkpoint is at step {start} = run.max_steps; raise run.max_steps "
-              "to continue")
+        say(f"nothing to train: the last checkpoint is at step {start} = run.max_steps; raise run.max_steps "
+            "to continue")
         return start, start
 
     pending: dict[int, dict[str, Any]] = {}
@@ -213,7 +213,7 @@ def run(config_path: str | None, overrides: Sequence[str] = (), output_dir: str 
     tokenizer, renderer, tasks = build_renderer(config, env, tasks)
     say(f"run {directory}: mode {config.run.mode}, {len(tasks)} tasks, model {config.model.name}, "
         f"{config.run.max_steps} steps of {config.grpo.prompts_per_step} tasks x {config.rollout.group_size} rollouts")
-    start, final = train_phase(config, directory, env, tasks, tokenizer, renderer, resume, backend)
+    start, final = train_phase(config, directory, env, tasks, tokenizer, renderer, resume, backend, say)
     rates = [m["rollout/success_rate"] for m in _read_jsonl(directory / "metrics.jsonl")
              if "rollout/success_rate" in m]
     result = RunResult(directory, start, final, time.perf_counter() - started,
