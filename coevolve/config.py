@@ -191,12 +191,11 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     """Check `value` against a field's annotation (bool, int, float, str, None, tuple[str, ...], unions)."""
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
-        errors = []
         for option in typing.get_args(annotation):
             try:
                 return _coerce(value, option, key)
-            except ConfigError as error:
-                errors.append(str(error))
+            except ConfigError:
+                continue
         raise ConfigError(f"{key}: {value!r} is not a {annotation}")
     if annotation is type(None):
         if value is None:
@@ -215,6 +214,11 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     elif annotation is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads `1e-6` (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
     elif annotation is str:
         if isinstance(value, str):
             return value
@@ -273,29 +277,7 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Confi
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config {path}: expected sections (run:, env:, model:, ...) at the top level")
         data = loaded or {}
-    return from_dict(_floats_from_strings(apply_overrides(data, overrides)))
-
-
-def _floats_from_strings(data: dict[str, Any]) -> dict[str, Any]:
-    """YAML 1.1 reads `1e-6` (no dot) as a string; turn such values into floats where a float is expected."""
-    hints = typing.get_type_hints(Config)
-    out: dict[str, Any] = {}
-    for name, values in data.items():
-        section = hints.get(name)
-        if section is None or not isinstance(values, dict):
-            out[name] = values
-            continue
-        field_hints = typing.get_type_hints(section)
-        fixed = {}
-        for key, value in values.items():
-            if isinstance(value, str) and float in typing.get_args(field_hints.get(key)) + (field_hints.get(key),):
-                try:
-                    value = float(value)
-                except ValueError:
-                    pass
-            fixed[key] = value
-        out[name] = fixed
-    return out
+    return from_dict(apply_overrides(data, overrides))
 
 
 def write_config(config: Config, path: str | Path) -> None:

@@ -142,9 +142,9 @@ class VLLMClientBackend:
         results: list[Generation | None] = [None] * len(prompts)
         stops = set(stop_token_ids)
         for limit, indices in by_budget.items():
+            # No seed: the server applies one seed to every prompt of a request, which would make the K copies of
+            # a prompt (one GRPO group) sample the same reply. Server rollouts are therefore not reproducible.
             extra: dict[str, Any] = {"stop_token_ids": list(stop_token_ids)}
-            if sampling.seed is not None:
-                extra["seed"] = sampling.seed
             out = self.client.generate(prompts=[list(prompts[i]) for i in indices], n=1,
                                        temperature=sampling.temperature, top_p=sampling.top_p,
                                        top_k=sampling.top_k, max_tokens=limit, logprobs=0, generation_kwargs=extra)
