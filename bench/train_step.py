@@ -90,9 +90,10 @@ class StepClock:
 
 
 def run_ours(config, model_dir: str, tokenizer, env, tasks, renderer, scratch: Path) -> dict:
+    from dataclasses import replace
+
     import coevolve.train as train
-    from coevolve.rollout import RolloutConfig
-    from coevolve.train import EnvRollouts, JsonLines, build_trainer, trajectory_summary
+    from coevolve.train import EnvRollouts, JsonLines, build_trainer, rollout_config, trajectory_summary
 
     log = JsonLines(scratch / "rollouts.jsonl")
     rollout_seconds: list[float] = []
@@ -125,11 +126,9 @@ def run_ours(config, model_dir: str, tokenizer, env, tasks, renderer, scratch: P
 
     train.rollout, EnvRollouts.__call__ = timed_engine, timed_call
 
-    rollouts = EnvRollouts(env, tasks, renderer, RolloutConfig(group_size=config.rollout.group_size,
-                                                               max_new_tokens=config.rollout.max_new_tokens,
-                                                               max_replies_per_turn=1,
-                                                               max_episode_tokens=config.rollout.max_new_tokens),
-                           seed=config.run.seed, on_step=on_step)
+    # Single-turn: the episode ends after the first reply, as bare TRL's completions do.
+    limits = replace(rollout_config(config), max_replies_per_turn=1, max_episode_tokens=config.rollout.max_new_tokens)
+    rollouts = EnvRollouts(env, tasks, renderer, limits, seed=config.run.seed, on_step=on_step)
     clock = StepClock()
     trainer = build_trainer(config, scratch / "ours", model_dir, tokenizer, rollouts, tasks, [clock.callback])
     try:

@@ -72,9 +72,9 @@ def prepare_run(config_path: str | None, overrides: Sequence[str], output_dir: s
 
 
 def _is_main_process() -> bool:
-    import os
+    from accelerate import PartialState  # the same answer TRL and the trainer use
 
-    return os.environ.get("RANK", "0") == "0"  # set by accelerate/torchrun; absent in a single process
+    return PartialState().is_main_process
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -145,9 +145,8 @@ def train_phase(config: Config, directory: Path, env: Env, tasks: Sequence[Task]
     from accelerate import PartialState
 
     from coevolve.policy.models import resolve_model
-    from coevolve.rollout import RolloutConfig
     from coevolve.train import (EnvRollouts, JsonLines, TrainingError, build_trainer, checkpoint_step,
-                                last_checkpoint, metrics_callback, trajectory_summary)
+                                last_checkpoint, metrics_callback, rollout_config, trajectory_summary)
 
     process = PartialState()
     # Under `accelerate launch` every process rolls out its own share: each keeps its own rollout log, and only
@@ -175,11 +174,7 @@ def train_phase(config: Config, directory: Path, env: Env, tasks: Sequence[Task]
         pending[record.step] = record.summary()
         rollouts_log.extend([{"step": record.step, **trajectory_summary(t)} for t in record.trajectories])
 
-    rollout_config = RolloutConfig(group_size=config.rollout.group_size, max_new_tokens=config.rollout.max_new_tokens,
-                                   max_replies_per_turn=config.rollout.max_replies_per_turn,
-                                   max_turns=config.rollout.max_turns,
-                                   max_episode_tokens=config.rollout.max_episode_tokens)
-    rollouts = EnvRollouts(env, tasks, renderer, rollout_config, seed=config.run.seed,
+    rollouts = EnvRollouts(env, tasks, renderer, rollout_config(config), seed=config.run.seed,
                            mask_truncated=config.grpo.mask_truncated, backend=backend, on_step=on_step)
     callbacks = [metrics_callback(metrics, pending)] if process.is_main_process else []
     trainer = build_trainer(config, directory, resolve_model(config.model.name), tokenizer, rollouts, tasks,

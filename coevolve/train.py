@@ -196,6 +196,14 @@ class EnvRollouts:
         return tuple(renamed)
 
 
+def rollout_config(config: Config) -> RolloutConfig:
+    """The engine's limits from the config's rollout section (sampling is set per step by `EnvRollouts`)."""
+    section = config.rollout
+    return RolloutConfig(group_size=section.group_size, max_new_tokens=section.max_new_tokens,
+                         max_replies_per_turn=section.max_replies_per_turn, max_turns=section.max_turns,
+                         max_episode_tokens=section.max_episode_tokens)
+
+
 def env_score_reward(prompts: Sequence[Any], completions: Sequence[Any], env_score: Sequence[float],
                      **_: Any) -> list[float]:
     """The reward: the env's score of each trajectory (BFCL's binary state/response checks)."""
