@@ -46,6 +46,7 @@ bench: venv
 	$(BIN)/python bench/rollout.py
 	$(BIN)/python bench/zero_shot.py
 	$(BIN)/python bench/train_step.py
+	$(BIN)/python bench/feedback.py --tasks 24
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -145,6 +145,38 @@ class VLLMSection:
 
 
 @dataclass(frozen=True)
+class FeedbackSection:
+    """The feedback phase: exploration, abstraction and validation (coevolve.feedback builds it from this)."""
+
+    explorer: str = "offline"
+    """`offline` (no LLM), `llm` (the endpoint below when `llm_base_url` is set, else the policy being trained)."""
+    abstractor: str = "template"
+    """`template` (no LLM) or `llm` (needs `llm_base_url`)."""
+    step_budget: int = 6
+    """Calls per exploration episode."""
+    episodes_per_context: int = 1
+    max_contexts: int = 16
+    """Signal events explored per iteration (forgetting first, then boundary, then rare)."""
+    time_budget_seconds: float | None = None
+    """Wall-clock cap of one feedback phase; what is left when it runs out is skipped and counted."""
+    focus_weight: float = 0.7
+    max_solution_calls: int = 3
+    """Longest solution the abstractors write."""
+    dedup_threshold: float = 0.9
+    """Near-duplicate threshold on (query + solution similarity) / 2; see coevolve.validate."""
+    check_execution: bool = True
+    """False: the paper's no-validation ablation (shape, safety and duplicate checks only)."""
+    llm_base_url: str | None = None
+    llm_model: str = "local"
+    llm_api_key_env: str = "OPENAI_API_KEY"
+    llm_timeout_seconds: float = 60.0
+    llm_max_retries: int = 3
+    """Endpoint errors (connection, timeout, 429, 5xx) retried with exponential backoff, then the episode is skipped."""
+    llm_max_format_retries: int = 2
+    """Malformed abstractor replies sent back with the reason, at most this many times."""
+
+
+@dataclass(frozen=True)
 class Config:
     run: RunSection = field(default_factory=RunSection)
     env: EnvSection = field(default_factory=EnvSection)
@@ -153,6 +185,7 @@ class Config:
     grpo: GRPOSection = field(default_factory=GRPOSection)
     lora: LoraSection = field(default_factory=LoraSection)
     vllm: VLLMSection = field(default_factory=VLLMSection)
+    feedback: FeedbackSection = field(default_factory=FeedbackSection)
 
     def __post_init__(self) -> None:
         _check(self.run.mode in MODES, "run.mode", f"must be one of {MODES}; the loop's modes come with `coevolve.loop`")
@@ -166,6 +199,12 @@ class Config:
                "grpo.beta/epsilon_*", "must be >= 0")
         _check(self.model.reply_format in ("python", "hermes"), "model.reply_format", "python or hermes")
         _check(self.vllm.mode in ("colocate", "server"), "vllm.mode", "colocate or server")
+        _check(self.feedback.explorer in ("offline", "llm"), "feedback.explorer", "offline or llm")
+        _check(self.feedback.abstractor in ("template", "llm"), "feedback.abstractor", "template or llm")
+        _check(self.feedback.abstractor != "llm" or self.feedback.llm_base_url is not None, "feedback.llm_base_url",
+               "the llm abstractor needs an OpenAI-compatible endpoint (e.g. `coevolve serve` or `vllm serve`)")
+        _check(self.feedback.step_budget >= 1 and self.feedback.max_contexts >= 0, "feedback.step_budget/max_contexts",
+               "step_budget >= 1, max_contexts >= 0")
         micro = self.grpo.micro_batch_size or self.rollout.group_size
         _check((self.grpo.prompts_per_step * self.rollout.group_size) % micro == 0, "grpo.micro_batch_size",
                "must divide prompts_per_step x group_size")

@@ -304,6 +304,56 @@ class SignalEvent(_JsonRecord):
 
 
 @dataclass(frozen=True)
+class ExplorationContext(_JsonRecord):
+    """What steers one exploration: the flagged task, the signal and its evidence (explore.py builds it).
+
+    A context with `signal=None` is random exploration (the paper's ablation): same budget, nothing to steer by."""
+
+    id: str
+    task_id: str
+    signal: str | None
+    iteration: int
+    focus_tools: tuple[str, ...] = ()
+    """Tools the evidence points at (the failure's calls, the unstable step's calls, the rare patterns' tools)."""
+    focus_values: tuple[str, ...] = ()
+    """String argument values seen in the evidence's calls (what the failing agent was working on)."""
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+    trajectory_ids: tuple[str, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ExplorationContext":
+        return cls(
+            data["id"], data["task_id"], data.get("signal"), data["iteration"], tuple(data.get("focus_tools", ())),
+            tuple(data.get("focus_values", ())), dict(data.get("evidence", {})), tuple(data.get("trajectory_ids", ())),
+        )
+
+
+@dataclass(frozen=True)
+class ExplorationEpisode(_JsonRecord):
+    """One explorer episode in a fresh environment from the flagged task's initial state."""
+
+    id: str
+    context_id: str
+    task_id: str
+    signal: str | None
+    explorer: str
+    """Which explorer ran it (`offline`, `llm`, ...)."""
+    steps: tuple[Step, ...]
+    """The (action, observation) pairs, in order."""
+    seconds: float = 0.0
+    error: str | None = None
+    """Why the episode produced nothing (endpoint failure, time budget), or None."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ExplorationEpisode":
+        return cls(
+            data["id"], data["context_id"], data["task_id"], data.get("signal"), data["explorer"],
+            tuple(Step.from_dict(step) for step in data.get("steps", ())), float(data.get("seconds", 0.0)),
+            data.get("error"),
+        )
+
+
+@dataclass(frozen=True)
 class Candidate(_JsonRecord):
     """A task abstracted from an exploration episode, not yet validated."""
 
@@ -319,6 +369,21 @@ class Candidate(_JsonRecord):
     signal: str | None = None
     episode_id: str | None = None
 
+    abstractor: str | None = None
+    """Which abstractor wrote it (`template`, `llm`), or None for a candidate from elsewhere."""
+
+    @classmethod
+    def create(cls, env: str, intent: str, query: str, solution: Sequence[str], initial_state: Mapping[str, Any],
+               meta: Mapping[str, Any] | None = None, parent_task_id: str | None = None, signal: str | None = None,
+               episode_id: str | None = None, abstractor: str | None = None) -> "Candidate":
+        """A candidate whose id is the hash of what it asks and does (env, query, solution, starting point)."""
+        solution_t = tuple(solution)
+        meta_d = dict(meta or {})
+        candidate_id = content_hash({"env": env, "query": query, "solution": solution_t,
+                                     "initial_state": initial_state, "meta": meta_d})
+        return cls(candidate_id, env, intent, query, solution_t, dict(initial_state), meta_d, parent_task_id, signal,
+                   episode_id, abstractor)
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Candidate":
         fields = dict(data)
@@ -333,7 +398,15 @@ class Verdict(_JsonRecord):
     candidate_id: str
     accepted: bool
     reasons: tuple[str, ...] = ()
+    """Each `code: detail` (validate.py lists the codes); empty when accepted."""
+    task_id: str | None = None
+    """The id of the task the accepted candidate became."""
+
+    @property
+    def codes(self) -> tuple[str, ...]:
+        """The rejection codes (`execution_error`, `duplicate`, ...), in the order they were found."""
+        return tuple(reason.split(":", 1)[0] for reason in self.reasons)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Verdict":
-        return cls(data["candidate_id"], bool(data["accepted"]), tuple(data.get("reasons", ())))
+        return cls(data["candidate_id"], bool(data["accepted"]), tuple(data.get("reasons", ())), data.get("task_id"))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from coevolve.records import (Candidate, Check, Provenance, Score, SignalEvent, Step, Task, ToolCall, Trajectory,
-                              Verdict, content_hash)
+from coevolve.records import (Candidate, Check, ExplorationContext, ExplorationEpisode, Provenance, Score,
+                              SignalEvent, Step, Task, ToolCall, Trajectory, Verdict, content_hash)
 
 
 def _task(**overrides):
@@ -40,10 +40,26 @@ def test_every_record_round_trips_through_json():
         SignalEvent("boundary", "t1", 2, ("tr1", "tr2"), {"scores": [0.0, 1.0]}),
         Candidate("c1", "bfcl", "make a folder", "Please create x", ("mkdir(dir_name='x')",), {"A": {}},
                   {"involved_classes": ["GorillaFileSystem"]}, "t1", "rare", "e1"),
-        Verdict("c1", False, ("no-op solution",)),
+        Verdict("c1", False, ("no_effect: no-op solution",)),
+        Candidate.create("bfcl", "look", "What is here?", ["ls()"], {"A": {}}, abstractor="llm"),
+        Verdict("c2", True, (), "t9"),
+        ExplorationContext("ctx", "t1", "boundary", 2, ("cd",), ("x",), {"unstable_step": {"step_index": 1}},
+                           ("tr1",)),
+        ExplorationContext("ctx-r", "t1", None, 2),
+        ExplorationEpisode("ep", "ctx", "t1", "boundary", "offline", (step, failed_step), 0.25),
+        ExplorationEpisode("ep2", "ctx", "t1", None, "llm", (), 1.0, "reply 1: backend failed (HTTP 503)"),
     ]
     for record in records:
         assert type(record).from_json(record.to_json()) == record
+
+
+def test_candidate_ids_hash_what_the_candidate_asks_and_does():
+    make = lambda **kw: Candidate.create(**{"env": "bfcl", "intent": "i", "query": "q", "solution": ["ls()"],
+                                            "initial_state": {"A": {}}, **kw})
+    assert make().id == make(intent="other", parent_task_id="p", signal="rare", abstractor="template").id
+    assert len({make().id, make(query="q2").id, make(solution=["ls(a=True)"]).id,
+                make(initial_state={"A": {"x": 1}}).id}) == 4
+    assert Verdict("c", False, ("duplicate: same as t1", "too_large: 9 calls")).codes == ("duplicate", "too_large")
 
 
 def test_score_summaries():

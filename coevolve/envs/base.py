@@ -17,10 +17,18 @@ Contract (what rollouts, exploration and validation rely on):
 - `act` never raises on agent input: unknown tools, bad syntax, bad arguments and tool exceptions become a
   `Step` whose `error` says why. Nothing the agent writes is `eval`ed.
 - `score` is the env's own binary verdict (1.0 / 0.0) with the reason of every check.
+- `state` is a snapshot of what the episode's tools have changed so far, comparable with `==` and never shared
+  with the live episode (BFCL: every public attribute of every instance, deep-copied). Validation of synthesized
+  tasks compares it before/after a solution and between two executions.
+
+A call can fail in two ways: the env refuses or the tool raises (`Step.error` is set), or the tool itself answers
+with an error value, as BFCL's tools do (`{"error": "cd: photos: No such directory"}`, `Step.error` None, since
+the official scorer treats it as an ordinary result). `step_failure` recognises both.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from coevolve.records import Message, Score, Step, Task, ToolCall
@@ -49,6 +57,8 @@ class Episode(Protocol):
 
     def score(self) -> Score: ...
 
+    def state(self) -> Any: ...
+
 
 @runtime_checkable
 class Env(Protocol):
@@ -57,3 +67,23 @@ class Env(Protocol):
     def tasks(self) -> list[Task]: ...
 
     def reset(self, task: Task) -> Episode: ...
+
+
+ERROR_PREFIX = "Error during execution"
+
+
+def step_failure(step: Step) -> str | None:
+    """Why a call failed, or None when it ran and returned an ordinary result (see the module docstring)."""
+    if step.error is not None:
+        return step.error
+    observation = step.observation
+    if observation.startswith(ERROR_PREFIX):
+        return observation
+    if observation.startswith("{") and '"error"' in observation:
+        try:
+            value = json.loads(observation)
+        except ValueError:
+            return None
+        if isinstance(value, dict) and "error" in value:
+            return str(value["error"])
+    return None

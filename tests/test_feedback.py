@@ -1,0 +1,139 @@
+"""The feedback phase end to end on BFCL-lite: real rollouts of a tiny model -> signal events -> offline
+exploration -> template abstraction -> validation -> tasks that join the pool and are solved by replaying their
+solution. Plus the random-exploration ablation, trouble that shrinks the phase instead of stopping it, and the
+config's `feedback` section."""
+
+from __future__ import annotations
+
+import pytest
+
+from coevolve.abstract import LLMAbstractor, TemplateAbstractor
+from coevolve.config import ConfigError, load_config
+from coevolve.envs.bfcl_lite import BFCLLiteEnv
+from coevolve.evaluate import evaluate, oracle_script
+from coevolve.explore import ExploreConfig, OfflineExplorer, random_contexts
+from coevolve.feedback import build_feedback, feedback_phase, signal_contexts
+from coevolve.pool import TaskPool
+from coevolve.signals import SignalConfig, extract_signals
+from coevolve.validate import Validator
+
+from support import ls_tasks
+
+
+@pytest.fixture(scope="module")
+def iteration_one(ls_policy_dir):
+    """One iteration's real rollouts: a tiny model taught to answer `[ls()]` or `[pwd()]` on 4 `ls()` tasks
+    (mixed groups: boundary) and 4 other tasks it fails (with a history of success there: forgetting)."""
+    from coevolve.policy.chat import ChatRenderer
+    from coevolve.policy.hf_backend import TransformersBackend
+    from coevolve.policy.models import load_model
+    from coevolve.policy.backends import SamplingConfig
+    from coevolve.rollout import RolloutConfig, rollout
+
+    env = BFCLLiteEnv("train")
+    others = [t for t in env.tasks() if t.ground_truth[0][0].startswith(("cat(", "mkdir("))][:4]
+    tasks = ls_tasks(4) + others
+    model, tokenizer = load_model(str(ls_policy_dir), dtype="float32", device="cpu")
+    batch = rollout(env, tasks, TransformersBackend(model, tokenizer), ChatRenderer(tokenizer, "python"),
+                    RolloutConfig(group_size=4, max_new_tokens=12, max_replies_per_turn=1,
+                                  sampling=SamplingConfig(temperature=1.0, seed=0)), iteration=1)
+    history = {task.id: [1.0] for task in others}
+    events = extract_signals(batch.trajectories, history, SignalConfig(), iteration=1)
+    return env, tasks, batch.trajectories, events
+
+
+def test_signals_from_real_rollouts_become_validated_tasks(iteration_one, tmp_path):
+    env, tasks, trajectories, events = iteration_one
+    kinds = {event.kind for event in events}
+    assert {"boundary", "forgetting"} <= kinds, [e.kind for e in events]
+    by_id = {task.id: task for task in tasks}
+    contexts = signal_contexts(events, by_id, {t.id: t for t in trajectories}, max_contexts=16)
+    assert [c.signal for c in contexts] == sorted((c.signal for c in contexts),
+                                                  key=["forgetting", "boundary", "rare"].index)
+    pool_tasks = env.tasks()
+    with TaskPool(tmp_path / "pool.sqlite") as pool:
+        pool.add_tasks(pool_tasks, iteration=0)
+        validator = Validator(env, known=pool.tasks_at(0))
+        result = feedback_phase(env, contexts, by_id, OfflineExplorer(ExploreConfig(step_budget=6)),
+                                TemplateAbstractor(), validator, iteration=1, seed=0)
+        summary = result.summary()
+        fraction = summary["accepted"] / summary["candidates"]
+        print(f"\nfeedback on BFCL-lite: {summary['contexts']} contexts, {summary['candidates']} candidates, "
+              f"{summary['accepted']} accepted ({fraction:.0%}), rejected by code {summary['rejected_by_code']}")
+        assert summary["contexts"] == len(contexts) and summary["episodes"] == len(contexts)
+        assert summary["accepted"] > 0 and summary["rejected"] > 0 and not summary["skipped"]
+        assert summary["accepted"] + summary["rejected"] == summary["candidates"]
+        assert set(summary["seconds"]) == {"explore", "abstract", "validate"}
+        admitted = result.admitted
+        # Solvable by replaying their solution: oracle accuracy 1.0.
+        assert evaluate(env, list(admitted), oracle_script, "oracle").accuracy == 1.0
+        # They join D_2 with their lineage; the pool refuses none (the validator already checked duplicates).
+        added = pool.add_tasks(admitted, iteration=2)
+        assert len(added.admitted) == len(admitted) and not added.refused
+        contexts_by_id = {c.id: c for c in contexts}
+        episodes = {e.id: e for e in result.episodes}
+        for task in admitted:
+            provenance = task.provenance
+            assert provenance.source == "synthetic" and provenance.iteration == 1
+            episode = episodes[provenance.episode_id]
+            assert contexts_by_id[episode.context_id].signal == provenance.signal
+            assert provenance.parent_id == episode.task_id
+        assert len(pool.tasks_at(2, source="synthetic")) == len(admitted)
+    lineage = result.lineage()
+    assert len(lineage) == summary["candidates"] and sum(row["accepted"] for row in lineage) == len(admitted)
+    row = next(row for row in lineage if row["accepted"])
+    assert row["trajectory_ids"] and row["signal"] in ("forgetting", "boundary") and row["explorer"] == "offline"
+    assert row["task_id"] in {task.id for task in admitted} and row["solution"]
+    assert all(r["reasons"] for r in lineage if not r["accepted"])
+
+
+def test_random_exploration_has_the_same_budget_and_no_signal(iteration_one):
+    env, tasks, trajectories, events = iteration_one
+    by_id = {task.id: task for task in tasks}
+    contexts = random_contexts(tasks, count=len(events), iteration=1, seed=0)
+    result = feedback_phase(env, contexts, by_id, OfflineExplorer(ExploreConfig(step_budget=6)),
+                            TemplateAbstractor(), Validator(env, known=env.tasks()), iteration=1)
+    assert len(result.episodes) == len(events) and all(len(e.steps) == 6 for e in result.episodes)
+    assert result.summary()["contexts_by_signal"] == {"random": len(events)}
+    assert all(task.provenance.signal is None for task in result.admitted)
+
+
+class _Broken:
+    name = "broken"
+
+    def explore(self, *args, **kwargs):
+        raise RuntimeError("the explorer's GPU fell over")
+
+    def abstract(self, *args, **kwargs):
+        raise RuntimeError("the abstractor fell over")
+
+
+def test_trouble_shrinks_the_phase_and_is_counted(iteration_one):
+    env, tasks, _, _ = iteration_one
+    by_id = {task.id: task for task in tasks}
+    contexts = random_contexts(tasks, count=3, iteration=1, seed=0)
+    validator = Validator(env)
+    broken = feedback_phase(env, contexts, by_id, _Broken(), TemplateAbstractor(), validator, iteration=1)
+    assert broken.skipped == {"explorer_error": 3} and not broken.episodes
+    broken = feedback_phase(env, contexts, by_id, OfflineExplorer(), _Broken(), validator, iteration=1)
+    assert broken.skipped == {"abstractor_error": 3} and len(broken.episodes) == 3 and not broken.candidates
+    spent = feedback_phase(env, contexts, by_id, OfflineExplorer(), TemplateAbstractor(), validator, iteration=1,
+                           time_budget_seconds=0.0)
+    assert spent.skipped == {"time_budget": 3} and not spent.episodes
+
+
+def test_the_config_section_builds_the_phase(tmp_path):
+    env = BFCLLiteEnv("train")
+    explorer, abstractor, validator = build_feedback(load_config(None).feedback, env)
+    assert isinstance(explorer, OfflineExplorer) and isinstance(abstractor, TemplateAbstractor)
+    assert validator.config.dedup_threshold == 0.9 and validator.config.check_execution
+    config = load_config(None, ["feedback.abstractor=llm", "feedback.llm_base_url=http://127.0.0.1:9/v1",
+                                "feedback.dedup_threshold=0.8", "feedback.check_execution=false",
+                                "feedback.step_budget=3"])
+    explorer, abstractor, validator = build_feedback(config.feedback, env)
+    assert isinstance(abstractor, LLMAbstractor) and explorer.config.step_budget == 3
+    assert validator.config.dedup_threshold == 0.8 and not validator.config.check_execution
+    with pytest.raises(ConfigError, match="feedback.llm_base_url"):
+        load_config(None, ["feedback.abstractor=llm"])
+    with pytest.raises(ConfigError, match="feedback.explorer"):
+        load_config(None, ["feedback.explorer=magic"])
