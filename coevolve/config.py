@@ -19,8 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-MODES = ("static",)
-"""Training modes available in `coevolve train`. The loop's modes (coevolve, random, synthetic) arrive with it."""
+MODES = ("zero-shot", "static", "synthetic", "random", "coevolve")
+"""The paper's ablation ladder (coevolve.loop): zero-shot (evaluate only), static (GRPO on D_0), synthetic
+(one synthesis pass before training, then static), random (exploration without signals after every iteration),
+coevolve (signal-guided feedback after every iteration)."""
+FEEDBACK_MODES = ("random", "coevolve")
 LOSS_NORMALISATIONS = ("tokens", "sequence", "constant")
 
 
@@ -145,6 +148,32 @@ class VLLMSection:
 
 
 @dataclass(frozen=True)
+class LoopSection:
+    """The CoEvolve loop: iterations of GRPO steps, each followed by signals, feedback and (every E) evaluation."""
+
+    steps_per_iteration: int = 5
+    """GRPO optimizer steps per iteration (run.max_steps in all: the last iteration may be shorter)."""
+    eval_every: int = 1
+    """Held-out evaluation after every E-th iteration (0: only before training and after the last iteration)."""
+    eval_env: str | None = None
+    """Env of the held-out evaluation (cross-domain evaluation); None: the training env."""
+    eval_split: str | None = "test"
+    eval_category: str | None = None
+    eval_limit: int | None = 40
+    """Held-out tasks evaluated (the first N of the split: a fixed set, never trained on)."""
+    signals: tuple[str, ...] = ("forgetting", "boundary", "rare")
+    """Signals that steer the feedback (switch one off for the paper's signal ablations)."""
+    window: int = 3
+    """W of the forgetting signal."""
+    theta_percent: float = 1.0
+    """θ of the rare signal."""
+    synthetic_fraction: float | None = None
+    """Share of synthetic tasks in each iteration's sample of D_t (None: sample D_t as a whole)."""
+    synthetic_contexts: int = 16
+    """Mode synthetic: exploration contexts (random tasks of D_0) of the one synthesis pass before training."""
+
+
+@dataclass(frozen=True)
 class FeedbackSection:
     """The feedback phase: exploration, abstraction and validation (coevolve.feedback builds it from this)."""
 
@@ -185,10 +214,17 @@ class Config:
     grpo: GRPOSection = field(default_factory=GRPOSection)
     lora: LoraSection = field(default_factory=LoraSection)
     vllm: VLLMSection = field(default_factory=VLLMSection)
+    loop: LoopSection = field(default_factory=LoopSection)
     feedback: FeedbackSection = field(default_factory=FeedbackSection)
 
     def __post_init__(self) -> None:
-        _check(self.run.mode in MODES, "run.mode", f"must be one of {MODES}; the loop's modes come with `coevolve.loop`")
+        _check(self.run.mode in MODES, "run.mode", f"must be one of {MODES}")
+        _check(self.loop.steps_per_iteration >= 1 and self.loop.eval_every >= 0, "loop.steps_per_iteration/eval_every",
+               "steps_per_iteration >= 1, eval_every >= 0")
+        _check(self.loop.steps_per_iteration % self.grpo.num_iterations == 0, "loop.steps_per_iteration",
+               "must be a multiple of grpo.num_iterations (each batch of tasks is trained on num_iterations times)")
+        unknown = sorted(set(self.loop.signals) - {"forgetting", "boundary", "rare"})
+        _check(not unknown, "loop.signals", f"unknown signal(s) {unknown}; choose among forgetting, boundary, rare")
         _check(self.run.max_steps >= 1 and self.run.save_steps >= 1, "run.max_steps/save_steps", "must be >= 1")
         _check(self.rollout.group_size >= 2, "rollout.group_size", "GRPO needs at least 2 rollouts per task")
         _check(self.grpo.prompts_per_step >= 1, "grpo.prompts_per_step", "must be >= 1")

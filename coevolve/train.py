@@ -120,10 +120,21 @@ class EnvRollouts:
         self.seed, self.iteration, self.mask_truncated = seed, iteration, mask_truncated
         self.backend, self.on_step = backend, on_step
         self.last: StepRollouts | None = None
+        self.slots: dict[str, str] = {}
+        """Slot name (a row of `slot_dataset`) -> the task it stands for in the current iteration."""
 
     def set_tasks(self, tasks: Sequence[Task]) -> None:
         """Add tasks to the table (the loop grows D_t); ids already handed to TRL stay resolvable."""
         self.tasks.update({task.id: task for task in tasks})
+
+    def assign_slots(self, tasks: Sequence[Task], iteration: int, count: int) -> None:
+        """The loop's next iteration: slot i of `slot_dataset(count)` stands for tasks[i % len(tasks)] (a sample
+        of D_t), and trajectories carry the iteration in their ids."""
+        if not tasks:
+            raise TrainingError(f"iteration {iteration}: no task to train on")
+        self.set_tasks(tasks)
+        self.slots = {slot_name(i): tasks[i % len(tasks)].id for i in range(count)}
+        self.iteration = iteration
 
     @contextlib.contextmanager
     def _generation_backend(self, trainer: Any) -> Iterator[Any]:
@@ -153,7 +164,7 @@ class EnvRollouts:
 
     def __call__(self, prompts: Sequence[Any], trainer: Any) -> dict[str, list]:
         started = time.perf_counter()
-        task_ids = [str(prompt) for prompt in prompts]
+        task_ids = [self.slots.get(str(prompt), str(prompt)) for prompt in prompts]
         missing = sorted(set(task_ids) - set(self.tasks))
         if missing:
             raise TrainingError(f"the trainer asked for unknown task ids {missing[:3]}")
@@ -217,6 +228,18 @@ def task_dataset(tasks: Sequence[Task]) -> Any:
     if not tasks:
         raise TrainingError("no tasks to train on")
     return Dataset.from_dict({"prompt": [task.id for task in tasks]})
+
+
+def slot_name(index: int) -> str:
+    return f"slot-{index}"
+
+
+def slot_dataset(count: int) -> Any:
+    """The loop's dataset: `count` slots whose tasks change every iteration (`EnvRollouts.assign_slots`). One pass
+    over it (an epoch of TRL's sampler) is one iteration: count = prompts_per_step x steps / num_iterations."""
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": [slot_name(i) for i in range(count)]})
 
 
 def grpo_args(config: Config, output_dir: Path, num_processes: int = 1) -> Any:
@@ -340,8 +363,9 @@ def _trainer_class() -> type:
 
 
 def build_trainer(config: Config, output_dir: Path, model_path: str, tokenizer: Any, rollouts: EnvRollouts,
-                  tasks: Sequence[Task], callbacks: Sequence[Any] = ()) -> Any:
-    """A `trl.GRPOTrainer` whose rollouts are ours and whose reward is the env score."""
+                  tasks: Sequence[Task], callbacks: Sequence[Any] = (), dataset: Any = None) -> Any:
+    """A `trl.GRPOTrainer` whose rollouts are ours and whose reward is the env score; its dataset is `dataset`
+    (the loop's slots) or one row per task."""
     from accelerate import PartialState
 
     _compact_scoring_on_cpu()
@@ -350,7 +374,7 @@ def build_trainer(config: Config, output_dir: Path, model_path: str, tokenizer: 
         model=model_path,
         reward_funcs=env_score_reward,
         args=args,
-        train_dataset=task_dataset(tasks),
+        train_dataset=dataset if dataset is not None else task_dataset(tasks),
         processing_class=tokenizer,
         peft_config=lora_config(config),
         rollout_func=rollouts,
@@ -395,8 +419,8 @@ def last_checkpoint(output_dir: Path) -> Path | None:
 
 
 class JsonLines:
-    """An append-only JSON-lines file, one object per optimizer step, flushed and fsynced per line. On resume,
-    lines from steps after the checkpoint (trained, then lost with the kill) are dropped, atomically."""
+    """An append-only JSON-lines file, flushed and fsynced per write. On resume, lines from steps after the
+    checkpoint (trained, then lost with the kill) are dropped, atomically."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -423,9 +447,18 @@ class JsonLines:
         return records
 
     def truncate_after(self, step: int) -> None:
-        kept = [r for r in self.read() if r.get("step", 0) <= step]
+        self.rewrite(lambda record: record.get("step", 0) <= step)
+
+    def rewrite(self, keep: Callable[[dict[str, Any]], bool]) -> None:
+        """Keep only the records `keep` accepts, atomically (a kill leaves the old file or the new one)."""
+        if not self.path.exists():
+            return
+        kept = [r for r in self.read() if keep(r)]
         temporary = self.path.with_suffix(".tmp")
-        temporary.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+        with temporary.open("w") as handle:
+            handle.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+            handle.flush()
+            os.fsync(handle.fileno())
         os.replace(temporary, self.path)
 
 

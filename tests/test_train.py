@@ -30,7 +30,7 @@ def overrides(model_dir: Path, tasks_file: Path, *extra: str) -> list[str]:
         f"model.name={model_dir}", "model.demos=0", "model.device=cpu", f"env.tasks_file={tasks_file}",
         "rollout.group_size=4", "rollout.max_new_tokens=12", "rollout.max_replies_per_turn=1",
         "rollout.max_episode_tokens=64", "rollout.temperature=1.0", "grpo.prompts_per_step=2",
-        "grpo.learning_rate=1e-3", "run.seed=0", *extra,
+        "grpo.learning_rate=1e-3", "run.seed=0", "loop.eval_limit=4", *extra,
     ]
 
 
@@ -67,7 +67,7 @@ def test_static_run_trains_and_leaves_a_readable_run_directory(tmp_path, ls_poli
     out = tmp_path / "run"
     result = run(None, overrides(ls_policy_dir, tasks_file, "run.max_steps=2", "run.save_steps=2"), str(out))
     assert (result.start_step, result.final_step) == (0, 2)
-    metrics = read_jsonl(out / "metrics.jsonl")
+    metrics = read_jsonl(out / "steps.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]
     assert all(math.isfinite(m["loss"]) for m in metrics)
     assert any(m["rollout/mixed_groups"] > 0 and m["grad_norm"] > 0 for m in metrics)  # something to learn from
@@ -141,7 +141,8 @@ def test_resume_after_sigkill_continues_exactly(tmp_path, ls_policy_dir, tasks_f
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "trained steps 3..4" in resumed.stdout
 
-    assert [m["step"] for m in read_jsonl(killed / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert [m["step"] for m in read_jsonl(killed / "steps.jsonl")] == [1, 2, 3, 4]
+    assert [m["iteration"] for m in read_jsonl(killed / "metrics.jsonl")] == [0, 1]
     keep = ("id", "step", "task_id", "sample_index", "score")
     got = [{k: r[k] for k in keep} for r in read_jsonl(killed / "rollouts.jsonl")]
     want = [{k: r[k] for k in keep} for r in read_jsonl(reference / "rollouts.jsonl")]

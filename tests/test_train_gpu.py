@@ -52,7 +52,7 @@ def test_one_grpo_step_with_colocated_vllm_rollouts(tmp_path, tokenizer):
         "vllm.gpu_memory_utilization=0.2", "vllm.max_model_length=2048",
     ], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1]
     assert metrics[0]["rollout/model_tokens"] > 0
     assert (out / "final" / "model.safetensors").exists()

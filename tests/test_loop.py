@@ -1,0 +1,174 @@
+"""The CoEvolve loop: two iterations of every mode on a tiny model, the per-iteration metrics, cross-domain
+evaluation, and a SIGKILL in the middle of the feedback phase followed by --resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trl")
+
+from coevolve.loop import run  # noqa: E402
+from coevolve.pool import TaskPool  # noqa: E402
+from support import ls_tasks, write_tasks  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+FIELDS = {"iteration", "steps", "train_success", "heldout_success", "signals", "feedback", "pool", "seconds",
+          "feedback_share"}
+
+
+def settings(model_dir: Path, tasks_file: Path, mode: str, *extra: str) -> list[str]:
+    """Two iterations of one GRPO step each: 4 `ls()` tasks, 2 per step, K=4, short replies, 4 held-out tasks."""
+    return [
+        f"model.name={model_dir}", "model.demos=0", "model.device=cpu", f"env.tasks_file={tasks_file}",
+        "rollout.group_size=4", "rollout.max_new_tokens=12", "rollout.max_replies_per_turn=1",
+        "rollout.max_episode_tokens=64", "rollout.temperature=1.0", "grpo.prompts_per_step=2",
+        "grpo.learning_rate=1e-3", "run.seed=0", "run.max_steps=2", "run.save_steps=10",
+        "loop.steps_per_iteration=1", "loop.eval_limit=4", "loop.synthetic_contexts=3", f"run.mode={mode}", *extra,
+    ]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture()
+def tasks_file(tmp_path) -> Path:
+    return write_tasks(ls_tasks(4), tmp_path / "tasks.jsonl")
+
+
+@pytest.mark.parametrize("mode", ["zero-shot", "static", "synthetic", "random", "coevolve"])
+def test_every_mode_runs_two_iterations_and_records_them(mode, tmp_path, ls_policy_dir, tasks_file):
+    out = tmp_path / mode
+    result = run(None, settings(ls_policy_dir, tasks_file, mode), str(out), say=lambda text: None)
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert all(set(m) == FIELDS for m in metrics)
+    assert metrics[0]["iteration"] == 0 and metrics[0]["heldout_success"] is not None
+    summary = json.loads((out / "summary.json").read_text())
+    with TaskPool(out / "pool.sqlite") as pool:
+        synthetic_at_0 = len(pool.tasks_at(0, source="synthetic"))
+        latest = pool.latest_iteration()
+        synthetic = len(pool.tasks_at(latest, source="synthetic"))
+    if mode == "zero-shot":
+        assert len(metrics) == 1 and result.final_step == 0 and not (out / "checkpoints").exists()
+        return
+    assert [m["iteration"] for m in metrics] == [0, 1, 2] and result.final_step == 2
+    assert [m["steps"] for m in metrics[1:]] == [[1, 1], [2, 2]]
+    assert all(m["heldout_success"] is not None for m in metrics)  # eval_every = 1
+    assert all(0.0 <= m["train_success"] <= 1.0 and m["seconds"]["train"] > 0 for m in metrics[1:])
+    assert all(set(m["seconds"]) == {"train", "signals", "feedback", "eval"} for m in metrics)
+    assert all(0.0 <= m["feedback_share"] < 1.0 for m in metrics)
+    assert all(set(m["signals"]) == {"forgetting", "boundary", "rare"} for m in metrics)
+    assert sum(m["signals"]["boundary"] for m in metrics) > 0  # the taught model's ls/pwd groups are mixed
+    assert metrics[-1]["pool"]["total"] == metrics[-1]["pool"]["seed"] + metrics[-1]["pool"]["synthetic"]
+    assert summary["mode"] == mode and summary["steps"] == 2 and summary["tasks_added"] == synthetic
+    rollouts = read_jsonl(out / "rollouts.jsonl")
+    assert {r["iteration"] for r in rollouts} == {1, 2} and len(rollouts) == 2 * 2 * 4
+    lineage = read_jsonl(out / "feedback.jsonl") if (out / "feedback.jsonl").exists() else []
+    if mode in ("static",):
+        assert synthetic == 0 and all(m["feedback"] == {} for m in metrics) and not lineage
+    if mode == "synthetic":
+        assert synthetic_at_0 > 0 and synthetic == synthetic_at_0  # once, before training, then static
+        assert {row["iteration"] for row in lineage} == {0} and all(m["feedback"] == {} for m in metrics)
+    if mode in ("random", "coevolve"):
+        fed = [m["feedback"] for m in metrics[1:] if m["feedback"]]
+        assert fed and all(f["candidates"] == f["accepted"] + f["rejected"] for f in fed)
+        signal = "random" if mode == "random" else "boundary"
+        assert all(set(f["contexts_by_signal"]) <= {signal, "forgetting", "rare"} for f in fed)
+        assert all(row["signal"] == "random" for row in lineage) == (mode == "random")
+        assert synthetic == sum(f["accepted"] for f in fed) > 0
+        # The next iteration trains on the evolved pool: synthetic tasks appear among iteration 2's rollouts.
+        with TaskPool(out / "pool.sqlite") as pool:
+            added = {task.id for task in pool.tasks_at(1, source="synthetic")}
+        assert added & {r["task_id"] for r in rollouts if r["iteration"] == 2}
+
+
+EXECUTION_CODES = {"execution_error", "no_effect", "redundant", "not_reproducible", "unsolvable"}
+
+
+def test_signal_switches_and_validation_off(tmp_path, ls_policy_dir, tasks_file):
+    out = tmp_path / "no-boundary"
+    run(None, settings(ls_policy_dir, tasks_file, "coevolve", "loop.signals=[forgetting, rare]"), str(out),
+        say=lambda text: None)
+    assert all(m["signals"]["boundary"] == 0 for m in read_jsonl(out / "metrics.jsonl"))  # off: never mined
+
+    def rejected(directory):
+        codes = set()
+        for m in read_jsonl(directory / "metrics.jsonl"):
+            codes |= set(m["feedback"].get("rejected_by_code", {}))
+        return codes
+
+    checked, unchecked = tmp_path / "checked", tmp_path / "unchecked"
+    run(None, settings(ls_policy_dir, tasks_file, "coevolve"), str(checked), say=lambda text: None)
+    run(None, settings(ls_policy_dir, tasks_file, "coevolve", "feedback.check_execution=false"), str(unchecked),
+        say=lambda text: None)
+    assert rejected(checked) & EXECUTION_CODES  # executing the candidates finds some wanting...
+    assert not rejected(unchecked) & EXECUTION_CODES  # ...which the no-validation ablation admits
+
+
+def test_cross_domain_evaluation_on_another_env(tmp_path, ls_policy_dir, tasks_file):
+    out = tmp_path / "cross"
+    run(None, settings(ls_policy_dir, tasks_file, "zero-shot", "loop.eval_env=bfcl", "loop.eval_split=null",
+                       "loop.eval_category=multi_turn_base", "loop.eval_limit=2", "rollout.max_turns=1"),
+        str(out), say=lambda text: None)
+    [baseline] = read_jsonl(out / "metrics.jsonl")
+    assert baseline["heldout_success"] == 0.0  # a model that says ls()/pwd() solves no BFCL-V3 entry
+
+
+KILL_IN_FEEDBACK = """
+import os, signal, sys
+import coevolve.loop as loop
+original = loop.synthesis_phase
+def dying(run_loop, iteration, contexts):
+    result = original(run_loop, iteration, contexts)  # explored, validated, admitted into D_t, logged...
+    if iteration == 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # ...and killed before the iteration's metrics line
+    return result
+loop.synthesis_phase = dying
+loop.run(None, sys.argv[2:], sys.argv[1], say=lambda text: None)
+"""
+
+
+def test_sigkill_in_the_feedback_phase_then_resume_loses_and_doubles_nothing(tmp_path, ls_policy_dir, tasks_file):
+    options = settings(ls_policy_dir, tasks_file, "coevolve", "run.max_steps=3")
+    reference = tmp_path / "reference"
+    run(None, options, str(reference), say=lambda text: None)
+
+    killed = tmp_path / "killed"
+    died = subprocess.run([sys.executable, "-c", KILL_IN_FEEDBACK, str(killed), *options], cwd=REPO,
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "tests")})
+    assert died.returncode == -9, died.stderr[-2000:]
+    assert [m["iteration"] for m in read_jsonl(killed / "metrics.jsonl")] == [0]  # iteration 1 never committed
+    with TaskPool(killed / "pool.sqlite") as pool:
+        assert pool.tasks_at(1, source="synthetic")  # its tasks were admitted before the kill
+
+    resumed = subprocess.run([sys.executable, "-m", "coevolve.cli", "train", "--output-dir", str(killed),
+                              "--resume"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+
+    def comparable(directory: Path) -> dict:
+        metrics = [{k: v for k, v in m.items() if k not in ("seconds", "feedback_share")}
+                   for m in read_jsonl(directory / "metrics.jsonl")]
+        for m in metrics:
+            m.get("feedback", {}).pop("seconds", None)
+        with TaskPool(directory / "pool.sqlite") as pool:
+            versions = {t: sorted(task.id for task in pool.tasks_at(t)) for t in pool.iterations()}
+            history = {task.id: pool.history(task.id) for task in pool.tasks_at(pool.latest_iteration())}
+        lineage = [(r["iteration"], r["candidate_id"], r["accepted"]) for r in read_jsonl(directory / "feedback.jsonl")]
+        rollouts = [(r["id"], r["score"]) for r in read_jsonl(directory / "rollouts.jsonl")]
+        steps = [m["step"] for m in read_jsonl(directory / "steps.jsonl")]
+        return {"metrics": metrics, "versions": versions, "history": history, "lineage": lineage,
+                "rollouts": rollouts, "steps": steps}
+
+    got, want = comparable(killed), comparable(reference)
+    assert got["steps"] == want["steps"] == [1, 2, 3]
+    assert got["metrics"] == want["metrics"]
+    assert got["versions"] == want["versions"] and got["history"] == want["history"]
+    assert got["lineage"] == want["lineage"]  # the redone iteration replaced its lines, no duplicates
+    assert got["rollouts"] == want["rollouts"]
