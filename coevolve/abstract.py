@@ -32,6 +32,7 @@ from typing import Any, Mapping, Sequence
 
 from coevolve.envs.base import Env, step_failure
 from coevolve.policy.backends import SamplingConfig
+from coevolve.policy.chat import tool_description
 from coevolve.records import Candidate, ExplorationEpisode, Step, Task
 
 FAILURE_CODES = ("malformed_reply", "endpoint_error", "time_budget")
@@ -78,11 +79,7 @@ def _tool_docs(env: Env, task: Task) -> list[Mapping[str, Any]]:
 
 def tool_phrase(doc: Mapping[str, Any] | None, name: str) -> str:
     """The tool's own one-sentence description (BFCL's text after `Tool description:`), without a final period."""
-    text = str((doc or {}).get("description") or "").strip()
-    if "Tool description:" in text:
-        text = text.split("Tool description:", 1)[1].strip()
-    sentence = re.split(r"(?<=[.!?])\s", text, maxsplit=1)[0].rstrip(". ") if text else ""
-    return sentence or f"Call {name}"
+    return tool_description(doc, name)
 
 
 def _argument_text(key: str | None, value: Any) -> str:
@@ -94,8 +91,13 @@ def _argument_text(key: str | None, value: Any) -> str:
 def call_sentence(step: Step, docs: Mapping[str, Mapping[str, Any]]) -> str:
     call = step.call
     assert call is not None
-    phrase = tool_phrase(docs.get(call.name), call.name)
-    arguments = [_argument_text(key, value) for key, value in call.arguments.items()]
+    doc = docs.get(call.name) or {}
+    phrase = tool_phrase(doc, call.name)
+    properties = (doc.get("parameters") or {}).get("properties") or {}
+    # An argument at its documented default asks for nothing ("ls(a=False)" is "list the contents").
+    arguments = [_argument_text(key, value) for key, value in call.arguments.items()
+                 if not (isinstance(properties.get(key), dict) and "default" in properties[key]
+                         and properties[key]["default"] == value)]
     arguments += [_argument_text(None, value) for value in call.positional]
     return phrase + (", with " + " and ".join(arguments) if arguments else "")
 

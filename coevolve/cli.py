@@ -42,6 +42,8 @@ def _eval_parser(subparsers) -> None:
     model.add_argument("--samples", type=int, default=1, help="K samples per task (accuracy = mean success)")
     model.add_argument("--format", dest="reply_format", default="python", choices=("python", "hermes"),
                        help="tool-call format the model is prompted for (default: BFCL's Python-call list)")
+    model.add_argument("--tool-style", default="json", choices=("json", "signatures"),
+                       help="tools in the system prompt as BFCL's JSON docs or one line per tool (~1/3 the tokens)")
     model.add_argument("--demos", type=int, default=0,
                        help="worked examples in the prompt, solved by their ground truth, taken from tasks that are "
                             "not evaluated (the train split for bfcl-lite)")
@@ -125,7 +127,8 @@ def _eval_model(args: argparse.Namespace, env, options: dict) -> int:
     except (ModelError, BackendUnavailable) as error:
         raise UsageError(str(error)) from None
     demos = build_demonstrations(demo_env, demo_tasks, args.reply_format, args.demos) if args.demos else ()
-    renderer = ChatRenderer(getattr(backend, "tokenizer", None), args.reply_format, demonstrations=demos)
+    renderer = ChatRenderer(getattr(backend, "tokenizer", None), args.reply_format, demonstrations=demos,
+                            tool_style=args.tool_style)
     config = RolloutConfig(group_size=args.samples, max_new_tokens=args.max_new_tokens,
                            max_replies_per_turn=args.max_replies_per_turn,
                            sampling=SamplingConfig(temperature=args.temperature, seed=args.seed))
@@ -178,11 +181,30 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_parser(subparsers)
     _pool_parser(subparsers)
     _train_parser(subparsers)
+    _report_parser(subparsers)
     return parser
 
 
+def _report_parser(subparsers) -> None:
+    parser = subparsers.add_parser("report", help="write DIR/report.html from a run directory")
+    parser.add_argument("directory", help="a run directory (what `coevolve train` wrote)")
+    parser.set_defaults(handler=run_report)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from coevolve.report import write_report
+
+    try:
+        path = write_report(args.directory)
+    except FileNotFoundError as error:
+        raise UsageError(str(error)) from None
+    print(path)
+    return 0
+
+
 def _train_parser(subparsers) -> None:
-    parser = subparsers.add_parser("train", help="GRPO training (mode static: plain GRPO on D_0)")
+    parser = subparsers.add_parser("train", help="the CoEvolve loop (run.mode: zero-shot, static, synthetic, "
+                                                 "random, coevolve)")
     parser.add_argument("--config", help="YAML config (see configs/); defaults apply to anything it leaves out")
     parser.add_argument("--output-dir", help="run directory (default: run.output_dir of the config)")
     parser.add_argument("--resume", action="store_true",

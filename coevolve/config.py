@@ -72,6 +72,9 @@ class ModelSection:
     """Worked examples (train tasks solved by their ground truth) in every prompt."""
     chat_template: str | None = None
     """A Jinja file to use instead of the tokenizer's template (e.g. a tool-aware one)."""
+    tool_style: str = "json"
+    """How the system prompt lists the tools: `json` (BFCL's docs) or `signatures` (one line per tool, ~1/3 of
+    the tokens); see coevolve.policy.chat."""
 
 
 @dataclass(frozen=True)
@@ -234,6 +237,7 @@ class Config:
         _check(self.grpo.beta >= 0 and self.grpo.epsilon_low >= 0 and self.grpo.epsilon_high >= 0,
                "grpo.beta/epsilon_*", "must be >= 0")
         _check(self.model.reply_format in ("python", "hermes"), "model.reply_format", "python or hermes")
+        _check(self.model.tool_style in ("json", "signatures"), "model.tool_style", "json or signatures")
         _check(self.vllm.mode in ("colocate", "server"), "vllm.mode", "colocate or server")
         _check(self.feedback.explorer in ("offline", "llm"), "feedback.explorer", "offline or llm")
         _check(self.feedback.abstractor in ("template", "llm"), "feedback.abstractor", "template or llm")

@@ -30,6 +30,7 @@ The run directory:
     pool.sqlite          D_t for every t, with provenance and each task's success history
     checkpoints/         TRL checkpoints every run.save_steps and at every iteration's end
     final/               the trained model (or LoRA adapter) and tokenizer; summary.json
+    report.html          plots and the lineage table (`coevolve report DIR` rewrites it)
 Resume (`--resume`) after a kill: training continues from the last checkpoint (steps after it run again, with the
 same seeds); an iteration whose steps were all checkpointed but whose metrics line is missing (a kill in its
 feedback phase) has its phases redone first, deterministically: the pool refuses what it already holds, the
@@ -54,6 +55,7 @@ from coevolve.explore import random_contexts
 from coevolve.feedback import FeedbackResult, build_feedback, feedback_phase, signal_contexts
 from coevolve.pool import SamplingConfig as PoolSampling, TaskPool, pool_path
 from coevolve.records import SIGNAL_KINDS, ExplorationContext, Task, Trajectory
+from coevolve.report import write_report
 from coevolve.signals import RolloutColumns, SignalConfig, SignalReport, mine_signals
 from coevolve.train import JsonLines
 
@@ -160,7 +162,9 @@ def build_renderer(config: Config, env: Env, tasks: Sequence[Task]) -> tuple[Any
     remaining = [task for task in tasks if task.turns[0][0]["content"] not in shown]
     if not remaining:
         raise ConfigError("model.demos: every task went into the worked examples; lower model.demos")
-    return tokenizer, ChatRenderer(tokenizer, config.model.reply_format, demonstrations=demos), remaining
+    renderer = ChatRenderer(tokenizer, config.model.reply_format, demonstrations=demos,
+                            tool_style=config.model.tool_style)
+    return tokenizer, renderer, remaining
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -205,8 +209,14 @@ def eval_phase(config: Config, eval_env: Env, eval_tasks: Sequence[Task], backen
     from coevolve.policy.backends import SamplingConfig
     from coevolve.train import rollout_config
 
+    from tqdm.auto import tqdm
+
     greedy = replace(rollout_config(config), group_size=1, sampling=SamplingConfig(temperature=0.0, seed=0))
-    report, _ = evaluate_model(eval_env, list(eval_tasks), backend, renderer, greedy, "model")
+    with tqdm(total=len(eval_tasks), desc="held-out eval", unit="task", leave=False) as bar:
+        def progress(finished: int, total: int) -> None:
+            bar.update(finished - bar.n)
+
+        report, _ = evaluate_model(eval_env, list(eval_tasks), backend, renderer, greedy, "model", progress=progress)
     return report.accuracy
 
 
@@ -515,7 +525,8 @@ def run(config_path: str | None, overrides: Sequence[str] = (), output_dir: str 
         return result
     summary = summary_of(config, records, sizes, final, start, result.seconds)
     (directory / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    say(summary_table(summary))
+    report = write_report(directory)
+    say(summary_table(summary) + f"\nreport: {report}")
     return result
 
 

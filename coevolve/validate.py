@@ -17,7 +17,8 @@ Stage 1, shape and safety (nothing runs):
                        harmless to our dispatch, but a task that teaches it is not one we want
 Stage 2, duplicates:
     duplicate          a known task (the pool, and what this validator accepted before) with the same starting
-                       point has `task_similarity` >= `dedup_threshold`
+                       point has `task_similarity` >= `dedup_threshold`; or, after execution, one of them gives
+                       the same results and final state (an equivalent solution: `ls(a=False)` and `ls()`)
 Stage 3, execution (a fresh episode from the candidate's initial state, one call per reply, state after each):
     execution_error    a call failed (env refusal, tool exception, or the tool's own error answer); names the call
     no_effect          the final state equals the initial one and either no call returned anything, or the
@@ -39,6 +40,7 @@ state and response checks as BFCL's own tasks.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import re
 import time
@@ -172,14 +174,32 @@ class Validator:
         self._unsafe = [re.compile(pattern, re.IGNORECASE) for pattern in config.unsafe_patterns]
         self._limits = CallLimits(max_chars=config.max_call_chars)
         self._known: dict[str, list[tuple[str, tuple[str, ...], str]]] = {}  # start -> (query, solution, task id)
+        self._known_tasks: dict[str, list[Task]] = {}  # start -> tasks whose outcome is not computed yet
+        self._outcomes: dict[str, dict[str, str]] = {}  # start -> outcome hash -> task id
         self.remember(known)
 
-    def remember(self, tasks: Iterable[Task]) -> None:
-        """Known tasks (the pool): later candidates that near-duplicate one of them are refused."""
+    def remember(self, tasks: Iterable[Task], executed: bool = False) -> None:
+        """Known tasks (the pool): later candidates that near-duplicate one of them are refused. `executed`: their
+        outcomes are recorded already (tasks this validator accepted)."""
         for task in tasks:
             key = start_key(task.env, task.initial_state, task.meta)
             solution = tuple(call for turn in task.ground_truth for call in turn)
             self._known.setdefault(key, []).append((_task_query(task), solution, task.id))
+            if not executed:
+                self._known_tasks.setdefault(key, []).append(task)
+
+    def _outcome_of(self, key: str, observations: Sequence[str], final_state: Any) -> str | None:
+        """The id of a known task from the same start whose solution gives the same results and final state
+        (`ls(a=False)` and `ls()`: different calls, one task). Known tasks are executed once, when a candidate
+        first needs them."""
+        outcomes = self._outcomes.setdefault(key, {})
+        for task in self._known_tasks.pop(key, []):
+            solution = tuple(call for turn in task.ground_truth for call in turn)
+            probe = Candidate.create(task.env, "", "known", solution, task.initial_state, task.meta)
+            _, known_observations, states, _, failure = self._run(probe)
+            if failure is None and states:
+                outcomes.setdefault(_outcome_hash(known_observations, states[-1]), task.id)
+        return outcomes.get(_outcome_hash(observations, final_state))
 
     def validate(self, item: Candidate | str | Mapping[str, Any], iteration: int | None = None) -> Validation:
         """One candidate (a record, or untrusted JSON text / object) -> its validation; accepted ones are
@@ -205,7 +225,7 @@ class Validator:
         provenance = Provenance("synthetic", candidate.parent_task_id, candidate.signal, candidate.episode_id,
                                 iteration, "accepted")
         task = candidate_task(candidate, provenance)
-        self.remember([task])
+        self.remember([task], executed=self.config.check_execution)
         return Validation(candidate, Verdict(candidate.id, True, (), task.id), task, time.perf_counter() - started)
 
     # -- stage 1 ----------------------------------------------------------------------------------------------
@@ -336,11 +356,21 @@ class Validator:
         if again_failure is not None or again != observations or again_states[-1] != states[-1]:
             what = "results" if again != observations else "final state"
             return [f"not_reproducible: a second execution from the same initial state gave other {what}"]
+        key = start_key(c.env, c.initial_state, c.meta)
+        same = self._outcome_of(key, observations, states[-1])
+        if same is not None:
+            return [f"duplicate: the same results and final state as task {same} (an equivalent solution)"]
         episode.end_turn()
         score = episode.score()
         if score.value < 1.0:
             return [f"unsolvable: the env scores the solution {score.value} ({'; '.join(score.reasons)[:200]})"]
+        self._outcomes.setdefault(key, {})[_outcome_hash(observations, states[-1])] = candidate_task(c).id
         return []
+
+
+def _outcome_hash(observations: Sequence[str], final_state: Any) -> str:
+    # repr, not JSON: env states hold objects (BFCL's Directory instances); their repr spells out their contents.
+    return hashlib.sha256(repr((list(observations), final_state)).encode("utf-8", "replace")).hexdigest()[:32]
 
 
 def _safe_json(value: Any) -> str:

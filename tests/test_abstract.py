@@ -168,3 +168,14 @@ def test_template_query_reads_like_steps(lite):
     steps = [explored.steps[0], explored.steps[1], explored.steps[3]]
     assert template_query(steps, docs) == ("First, list the contents. Then, change the directory, with folder "
                                            "'photos'. Finally, list the contents.")
+
+
+def test_template_query_leaves_out_arguments_at_their_default():
+    from coevolve.records import Step, ToolCall
+
+    docs = {"ls": {"description": "Tool description: List the contents.",
+                   "parameters": {"properties": {"a": {"type": "boolean", "default": False}}}}}
+    at_default = Step(0, 0, "ls(a=False)", ToolCall("ls", {"a": False}), "{}")
+    hidden = Step(0, 0, "ls(a=True)", ToolCall("ls", {"a": True}), "{}")
+    assert template_query([at_default], docs) == "List the contents."
+    assert template_query([hidden], docs) == "List the contents, with a set to true."

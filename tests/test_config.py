@@ -15,7 +15,8 @@ CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.ya
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
 def test_shipped_configs_load(path):
     config = load_config(path)
-    assert config.run.mode == "static" and config.rollout.group_size >= 2
+    assert config.run.mode in ("static", "coevolve") and config.rollout.group_size >= 2
+    assert config.run.max_steps % config.loop.steps_per_iteration == 0 or config.run.mode == "static"
 
 
 def test_overrides_apply_with_types(tmp_path):

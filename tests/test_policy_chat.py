@@ -78,3 +78,25 @@ def test_demonstrations_are_real_solved_conversations():
         assert all(not m["content"].startswith("Error during") and "\"error\"" not in m["content"]
                    for m in demo if m["role"] == "tool")
     assert build_demonstrations(env, env.tasks(), "python", 0) == ()
+
+
+def test_signatures_tool_style_lists_each_tool_on_one_line(tokenizer):
+    from coevolve.envs.bfcl_lite import BFCLLiteEnv
+    from coevolve.policy.chat import ChatRenderer, tool_signature
+
+    env = BFCLLiteEnv("train")
+    episode = env.reset(env.tasks()[0])
+    docs, user = episode.tools(), episode.user_messages()
+    assert tool_signature(next(d for d in docs if d["name"] == "ls")) == \
+        "- ls(a: boolean = false): List the contents of the current directory."
+    assert tool_signature(next(d for d in docs if d["name"] == "cd")) == \
+        "- cd(folder: string): Change the current working directory to the specified folder."
+    compact = ChatRenderer(tokenizer, "python", tool_style="signatures")
+    full = ChatRenderer(tokenizer, "python")
+    system = compact.opening_messages(docs, user)[0]["content"]
+    assert "Here are the functions you can call:" in system and "Gorilla" not in system
+    # One line per tool in both styles; the JSON list adds its `[` and `]` lines.
+    assert len(system.splitlines()) == len(full.opening_messages(docs, user)[0]["content"].splitlines()) - 2
+    short, long = compact.prompt_ids(compact.opening_messages(docs, user)), full.prompt_ids(
+        full.opening_messages(docs, user))
+    assert len(short) < 0.5 * len(long)  # the BFCL boilerplate repeated in every doc is gone

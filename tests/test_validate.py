@@ -209,10 +209,13 @@ def test_near_duplicate_threshold_from_config(lite):
     # shared, so similarity (6/7 + 1) / 2 = 0.9286.
     second = _candidate(task, [f"cat(file_name='{files[0]}')"], query=f"please show me the file {files[0]}")
     strict = Validator(env, ValidationConfig(dedup_threshold=0.95))
-    assert strict.validate(first).verdict.accepted and strict.validate(second).verdict.accepted
+    assert strict.validate(first).verdict.accepted
+    # Under 0.95 the text check lets it through; executing it then finds the same outcome (stage 3).
+    verdict = strict.validate(second).verdict
+    assert verdict.codes == ("duplicate",) and "equivalent solution" in verdict.reasons[0]
     loose = Validator(env, ValidationConfig(dedup_threshold=0.9))
     assert loose.validate(first).verdict.accepted
-    verdict = loose.validate(second).verdict
+    verdict = loose.validate(second).verdict  # under 0.9 the text check refuses it before anything runs
     assert verdict.codes == ("duplicate",) and "0.929" in verdict.reasons[0]
 
 
@@ -221,3 +224,17 @@ def test_step_failure_reads_both_kinds_of_failure():
     assert step_failure(Step(0, 0, "cd()", ToolCall("cd"), '{"error": "cd: x: No such directory"}')) == \
         "cd: x: No such directory"
     assert step_failure(Step(0, 0, "cat()", ToolCall("cat"), '{"file_content": "an error occurred"}')) is None
+
+
+def test_an_equivalent_solution_is_a_duplicate(lite):
+    env, task = lite
+    validator = Validator(env, known=[task])
+    first = validator.validate(_candidate(task, ["ls()"], query="What is in this folder?"))
+    assert first.verdict.accepted
+    # Other calls, other words, the same results and the same final state: the same task.
+    same = validator.validate(_candidate(task, ["ls(a=False)"], query="Please list the current directory."))
+    assert same.verdict.codes == ("duplicate",) and "equivalent solution" in same.verdict.reasons[0]
+    assert first.task.id in same.verdict.reasons[0]
+    # The seed task's own outcome counts too (executed once, when first needed).
+    seed_again = validator.validate(_candidate(task, list(task.ground_truth[0]), query="Completely other words."))
+    assert seed_again.verdict.codes == ("duplicate",) and task.id in seed_again.verdict.reasons[0]

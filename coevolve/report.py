@@ -1,0 +1,176 @@
+"""`coevolve report DIR`: one self-contained HTML page from a run directory (no network, no plotting library).
+
+What it shows, from the files the loop writes (coevolve.loop): the run's summary and resolved config; success per
+iteration (train rollouts, held-out); signal counts per iteration, stacked by kind; the pool's size per iteration
+by source; wall time per iteration, stacked by phase, with the feedback share; and a table of every candidate
+the feedback phase validated, with its lineage — signal -> flagged trajectories -> exploration episode ->
+candidate (query, solution) -> verdict -> task — filterable to the accepted ones. Plots are inline SVG drawn
+here; everything is escaped (queries and solutions are model output).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")
+WIDTH, HEIGHT, PAD = 560, 240, 40
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a half-written last line of a killed run
+            continue
+    return rows
+
+
+def _scale(values: Sequence[float], top: float | None = None) -> float:
+    return max([top or 0.0, *values, 1e-9])
+
+
+def _frame(title: str, x_labels: Sequence[Any], top: float, body: str, legend: Sequence[tuple[str, str]],
+           kind: str) -> str:
+    ticks = "".join(
+        f'<text x="{PAD - 6}" y="{HEIGHT - PAD - (HEIGHT - 2 * PAD) * f:.1f}" text-anchor="end" font-size="10">'
+        f"{top * f:.3g}</text>" for f in (0, 0.5, 1))
+    step = (WIDTH - 2 * PAD) / max(1, len(x_labels))
+    labels = "".join(f'<text x="{PAD + step * (i + 0.5):.1f}" y="{HEIGHT - PAD + 14}" text-anchor="middle" '
+                     f'font-size="10">{html.escape(str(label))}</text>' for i, label in enumerate(x_labels))
+    keys = "".join(f'<tspan fill="{colour}">&#9632; {html.escape(name)}</tspan> ' for name, colour in legend)
+    return (f'<figure class="plot" data-kind="{kind}"><figcaption>{html.escape(title)}</figcaption>'
+            f'<svg width="{WIDTH}" height="{HEIGHT}" role="img" aria-label="{html.escape(title)}">'
+            f'<line x1="{PAD}" y1="{HEIGHT - PAD}" x2="{WIDTH - PAD}" y2="{HEIGHT - PAD}" stroke="#888"/>'
+            f'<line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{HEIGHT - PAD}" stroke="#888"/>{ticks}{labels}{body}'
+            f'<text x="{PAD}" y="{PAD - 12}" font-size="11">{keys}</text>'
+            f'<text x="{WIDTH / 2}" y="{HEIGHT - 6}" text-anchor="middle" font-size="10">iteration</text></svg>'
+            f"</figure>")
+
+
+def line_plot(title: str, x_labels: Sequence[Any], series: Mapping[str, Sequence[float | None]],
+              top: float | None = None) -> str:
+    """Lines over iterations; a None has no point (e.g. no held-out evaluation that iteration) and the line joins
+    the points on either side of it."""
+    top = _scale([v for values in series.values() for v in values if v is not None], top)
+    step = (WIDTH - 2 * PAD) / max(1, len(x_labels))
+    body, legend = "", []
+    for (name, values), colour in zip(series.items(), COLOURS):
+        points = [(PAD + step * (i + 0.5), HEIGHT - PAD - (HEIGHT - 2 * PAD) * v / top)
+                  for i, v in enumerate(values) if v is not None]
+        if len(points) > 1:
+            body += (f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="'
+                     + " ".join(f"{x:.1f},{y:.1f}" for x, y in points) + '"/>')
+        body += "".join(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}"/>' for x, y in points)
+        legend.append((name, colour))
+    return _frame(title, x_labels, top, body, legend, "line")
+
+
+def stacked_bars(title: str, x_labels: Sequence[Any], series: Mapping[str, Sequence[float]]) -> str:
+    totals = [sum(values[i] for values in series.values()) for i in range(len(x_labels))]
+    top = _scale(totals)
+    step = (WIDTH - 2 * PAD) / max(1, len(x_labels))
+    body, legend = "", []
+    bottoms = [0.0] * len(x_labels)
+    for (name, values), colour in zip(series.items(), COLOURS):
+        for i, value in enumerate(values):
+            if value <= 0:
+                continue
+            height = (HEIGHT - 2 * PAD) * value / top
+            y = HEIGHT - PAD - (HEIGHT - 2 * PAD) * bottoms[i] / top - height
+            body += (f'<rect x="{PAD + step * i + step * 0.15:.1f}" y="{y:.1f}" width="{step * 0.7:.1f}" '
+                     f'height="{height:.1f}" fill="{colour}"><title>{html.escape(name)}: {value:.4g}</title></rect>')
+            bottoms[i] += value
+        legend.append((name, colour))
+    return _frame(title, x_labels, top, body, legend, "bars")
+
+
+def lineage_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    head = ("iteration", "signal", "parent task", "flagged trajectories", "episode", "query", "solution", "verdict",
+            "task")
+    lines = []
+    for row in rows:
+        verdict = "accepted" if row.get("accepted") else "; ".join(row.get("reasons", []))
+        cells = (row.get("iteration"), row.get("signal"), row.get("parent_task_id"),
+                 ", ".join(row.get("trajectory_ids", [])[:4]), row.get("episode_id"), row.get("query"),
+                 "\n".join(row.get("solution", [])), verdict, row.get("task_id") or "")
+        status = "accepted" if row.get("accepted") else "rejected"
+        lines.append(f'<tr class="{status}">' + "".join(
+            f"<td>{html.escape('' if cell is None else str(cell))}</td>" for cell in cells) + "</tr>")
+    return ('<label><input type="checkbox" id="only-accepted"> accepted only</label>'
+            f' <span id="shown">{len(rows)}</span> of {len(rows)} candidates'
+            '<table id="lineage"><thead><tr>' + "".join(f"<th>{h}</th>" for h in head) + "</tr></thead><tbody>"
+            + "".join(lines) + "</tbody></table>")
+
+
+_SCRIPT = """
+document.getElementById('only-accepted').addEventListener('change', function (event) {
+  var shown = 0;
+  document.querySelectorAll('#lineage tbody tr').forEach(function (row) {
+    var visible = !event.target.checked || row.classList.contains('accepted');
+    row.style.display = visible ? '' : 'none';
+    if (visible) { shown += 1; }
+  });
+  document.getElementById('shown').textContent = shown;
+});
+"""
+_STYLE = """
+body { font-family: sans-serif; margin: 24px; color: #222; }
+.plots { display: flex; flex-wrap: wrap; gap: 12px; }
+figure { margin: 0; border: 1px solid #ddd; padding: 6px; }
+figcaption { font-weight: bold; font-size: 13px; }
+table { border-collapse: collapse; font-size: 12px; margin-top: 8px; }
+td, th { border: 1px solid #ccc; padding: 3px 6px; vertical-align: top; white-space: pre-wrap; max-width: 360px; }
+tr.rejected td { color: #777; }
+pre { background: #f6f6f6; padding: 8px; font-size: 12px; max-height: 320px; overflow: auto; }
+"""
+
+
+def render(directory: str | Path) -> str:
+    directory = Path(directory)
+    metrics = _read_jsonl(directory / "metrics.jsonl")
+    lineage = _read_jsonl(directory / "feedback.jsonl")
+    summary = json.loads((directory / "summary.json").read_text()) if (directory / "summary.json").exists() else {}
+    config = (directory / "config.yaml").read_text() if (directory / "config.yaml").exists() else ""
+    labels = [m["iteration"] for m in metrics]
+    kinds = ("forgetting", "boundary", "rare")
+    phases = ("train", "signals", "feedback", "eval")
+    plots = [
+        line_plot("Success rate", labels, {
+            "train rollouts": [m.get("train_success") for m in metrics],
+            "held-out": [m.get("heldout_success") for m in metrics]}, top=1.0),
+        stacked_bars("Signals raised", labels, {k: [m.get("signals", {}).get(k, 0) for m in metrics] for k in kinds}),
+        stacked_bars("Pool D_t by source", labels, {
+            source: [m.get("pool", {}).get(source, 0) for m in metrics] for source in ("seed", "synthetic")}),
+        stacked_bars("Wall seconds by phase", labels, {
+            phase: [m.get("seconds", {}).get(phase, 0.0) for m in metrics] for phase in phases}),
+    ]
+    shares = ", ".join(f"{m['iteration']}: {m.get('feedback_share', 0):.1%}" for m in metrics[1:])
+    facts = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(json.dumps(v))}</td></tr>"
+                    for k, v in summary.items())
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>coevolve run {html.escape(directory.name)}"
+            f"</title><style>{_STYLE}</style></head><body>"
+            f"<h1>coevolve run <code>{html.escape(str(directory))}</code></h1>"
+            f"<table class='summary'>{facts}</table>"
+            f"<h2>Iterations</h2><div class='plots'>{''.join(plots)}</div>"
+            f"<p>Feedback share of wall time per iteration: {html.escape(shares) or '-'}</p>"
+            f"<h2>Synthesized tasks and their lineage</h2>{lineage_table(lineage)}"
+            f"<h2>Resolved config</h2><pre>{html.escape(config)}</pre>"
+            f"<script>{_SCRIPT}</script></body></html>")
+
+
+def write_report(directory: str | Path) -> Path:
+    """Write DIR/report.html (atomically) and return its path."""
+    directory = Path(directory)
+    if not (directory / "metrics.jsonl").exists():
+        raise FileNotFoundError(f"{directory} has no metrics.jsonl: not a coevolve run directory")
+    target = directory / "report.html"
+    temporary = target.with_suffix(".tmp")
+    temporary.write_text(render(directory))
+    temporary.replace(target)
+    return target

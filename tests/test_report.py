@@ -1,0 +1,104 @@
+"""`coevolve report DIR`: the page is self-contained, escapes model output, and, rendered in headless Chromium
+(Debian's `chromium`), shows the four plots and the lineage table, whose filter works."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from coevolve.report import line_plot, render, stacked_bars, write_report
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _metric(iteration, train, heldout, boundary, synthetic, feedback_seconds):
+    return {"iteration": iteration, "steps": None if iteration == 0 else [iteration, iteration],
+            "train_success": train, "heldout_success": heldout,
+            "signals": {"forgetting": 1, "boundary": boundary, "rare": 0},
+            "feedback": {"accepted": synthetic} if iteration else {}, "pool": {"seed": 10, "synthetic": synthetic,
+                                                                               "total": 10 + synthetic},
+            "seconds": {"train": 5.0, "signals": 0.1, "feedback": feedback_seconds, "eval": 1.0},
+            "feedback_share": feedback_seconds / (6.1 + feedback_seconds)}
+
+
+@pytest.fixture()
+def run_dir(tmp_path) -> Path:
+    directory = tmp_path / "run"
+    directory.mkdir()
+    metrics = [_metric(0, None, 0.2, 0, 0, 0.0), _metric(1, 0.25, None, 3, 2, 0.4), _metric(2, 0.5, 0.3, 2, 5, 0.3)]
+    (directory / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    lineage = [
+        {"iteration": 1, "signal": "boundary", "parent_task_id": "p1", "trajectory_ids": ["p1-i1-s1-k0"],
+         "episode_id": "e1", "query": "Show <script>alert('x')</script> please", "solution": ["cat(file_name='a')"],
+         "accepted": True, "reasons": [], "task_id": "t1"},
+        {"iteration": 2, "signal": "forgetting", "parent_task_id": "p2", "trajectory_ids": ["p2-i2-s2-k1"],
+         "episode_id": "e2", "query": "List twice", "solution": ["ls()", "ls()"], "accepted": False,
+         "reasons": ["redundant: call 2 changes nothing and repeats the answer of call 1"], "task_id": None},
+    ]
+    (directory / "feedback.jsonl").write_text("".join(json.dumps(row) + "\n" for row in lineage))
+    (directory / "summary.json").write_text(json.dumps({"mode": "coevolve", "steps": 2}))
+    (directory / "config.yaml").write_text("run:\n  mode: coevolve\n")
+    return directory
+
+
+def test_the_page_is_self_contained_and_escapes_model_output(run_dir):
+    page = render(run_dir)
+    assert page.count('<figure class="plot"') == 4
+    assert "<script>alert" not in page and "&lt;script&gt;alert" in page
+    assert not re.search(r"(src|href)=['\"]?https?:", page)  # nothing fetched from anywhere
+    assert page.count('<tr class="accepted">') == 1 and page.count('<tr class="rejected">') == 1
+    assert "redundant: call 2" in page and "1: 6.2%, 2: 4.7%" in page
+
+
+def test_plots_scale_to_their_data():
+    bars = stacked_bars("t", [0, 1], {"a": [1.0, 2.0], "b": [1.0, 2.0]})
+    heights = [float(h) for h in re.findall(r'height="([0-9.]+)" fill="[^"]+"><title>', bars)]
+    assert heights[1] == pytest.approx(2 * heights[0])  # value 2 is twice as tall as value 1
+    assert ">4<" in bars  # the axis top is the largest stack
+    line = line_plot("t", [0, 1, 2], {"held-out": [0.5, None, 1.0]}, top=1.0)
+    assert line.count("<circle") == 2  # a missing evaluation is a gap, not a zero
+
+
+def test_cli_writes_the_report_and_refuses_a_non_run(run_dir, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "coevolve.cli", "report", str(run_dir)], capture_output=True,
+                          text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0 and (run_dir / "report.html").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused = subprocess.run([sys.executable, "-m", "coevolve.cli", "report", str(empty)], capture_output=True,
+                             text=True, timeout=120, cwd=REPO)
+    assert refused.returncode == 2 and "not a coevolve run directory" in refused.stderr
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (`make test` installs it as root)")
+def test_headless_chromium_renders_the_plots_and_the_table(run_dir, tmp_path):
+    report = write_report(run_dir)
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", f"--user-data-dir={tmp_path}"]
+    dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", report.as_uri()], capture_output=True, text=True,
+                         timeout=120).stdout
+    assert dom.count("<svg") == 4 and dom.count("<polyline") == 2  # train and held-out lines...
+    assert dom.count("<circle") == 4  # ...through 2 points each: iteration 0 has no train, 1 no held-out value
+    # One bar per value > 0: signals 3 forgetting + 2 boundary, pool 3 seed + 2 synthetic, phases 3 + 3 + 2 + 3.
+    assert dom.count("<rect") == 5 + 5 + 11
+    assert dom.count("<tr class=") == 2 and "Synthesized tasks and their lineage" in dom
+    # The filter works in the browser: click "accepted only", count the rows left visible.
+    script = tmp_path / "click.html"
+    script.write_text(report.read_text().replace(
+        "</body>", "<script>var box = document.getElementById('only-accepted'); box.checked = true;"
+                   "box.dispatchEvent(new Event('change'));</script></body>"))
+    clicked = subprocess.run([CHROMIUM, *flags, "--dump-dom", script.as_uri()], capture_output=True, text=True,
+                             timeout=120).stdout
+    assert '<span id="shown">1</span>' in clicked and 'style="display: none;"' in clicked
+    shot = tmp_path / "report.png"
+    subprocess.run([CHROMIUM, *flags, "--window-size=1200,1400", f"--screenshot={shot}", report.as_uri()],
+                   capture_output=True, timeout=120)
+    assert shot.exists() and shot.stat().st_size > 10_000  # a real picture, not a blank page
