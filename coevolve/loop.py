@@ -1,6 +1,6 @@
 """The CoEvolve loop, as named phases: train on D_t -> signals -> explore -> abstract -> validate -> D_{t+1}.
 
-    coevolve train --config configs/lite-coevolve.yaml [--output-dir DIR] [--resume] [section.key=value ...]
+    coevolve train --config configs/quickstart.yaml [--output-dir DIR] [--resume] [section.key=value ...]
 
 Phases of a run, top to bottom: the run directory (1), the env and D_0 (2), the policy's prompt (3), D_0 in the
 pool (4), and then, from the GRPO trainer (TRL, `coevolve.train`), iteration after iteration:

@@ -368,9 +368,28 @@ class Validator:
         return []
 
 
+def _canonical(value: Any, path: frozenset[int] = frozenset(), depth: int = 0) -> Any:
+    """A state in a form whose repr does not depend on dict insertion order (two equal file systems loaded from
+    differently ordered JSON compare equal but print differently) and that walks objects by their public
+    attributes (BFCL's Directory/File instances), cutting back-references such as a folder's `parent`."""
+    if depth > 64 or id(value) in path:
+        return f"<{type(value).__name__}>"
+    inner = path | {id(value)}
+    if isinstance(value, Mapping):
+        return sorted((repr(key), _canonical(item, inner, depth + 1)) for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return [_canonical(item, inner, depth + 1) for item in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted(repr(_canonical(item, inner, depth + 1)) for item in value)
+    if hasattr(value, "__dict__") and not isinstance(value, type):
+        public = {key: item for key, item in vars(value).items() if not key.startswith("_")}
+        return (type(value).__name__, _canonical(public, inner, depth + 1))
+    return repr(value)
+
+
 def _outcome_hash(observations: Sequence[str], final_state: Any) -> str:
-    # repr, not JSON: env states hold objects (BFCL's Directory instances); their repr spells out their contents.
-    return hashlib.sha256(repr((list(observations), final_state)).encode("utf-8", "replace")).hexdigest()[:32]
+    text = repr((list(observations), _canonical(final_state)))
+    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:32]
 
 
 def _safe_json(value: Any) -> str:

@@ -29,7 +29,9 @@ def settings(model_dir: Path, tasks_file: Path, mode: str, *extra: str) -> list[
         "rollout.group_size=4", "rollout.max_new_tokens=12", "rollout.max_replies_per_turn=1",
         "rollout.max_episode_tokens=64", "rollout.temperature=1.0", "grpo.prompts_per_step=2",
         "grpo.learning_rate=1e-3", "run.seed=0", "run.max_steps=2", "run.save_steps=10",
-        "loop.steps_per_iteration=1", "loop.eval_limit=4", "loop.synthetic_contexts=3", f"run.mode={mode}", *extra,
+        "loop.steps_per_iteration=1", "loop.eval_limit=4", "loop.synthetic_contexts=3", f"run.mode={mode}",
+        # The taught model only ever calls ls/pwd: explore wider than its focus, or every find repeats `ls()`.
+        "feedback.focus_weight=0.3", "feedback.episodes_per_context=2", *extra,
     ]
 
 
@@ -126,7 +128,8 @@ import coevolve.loop as loop
 original = loop.synthesis_phase
 def dying(run_loop, iteration, contexts):
     result = original(run_loop, iteration, contexts)  # explored, validated, admitted into D_t, logged...
-    if iteration == 1:
+    if result.admitted:
+        print("killed in iteration", iteration, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)  # ...and killed before the iteration's metrics line
     return result
 loop.synthesis_phase = dying
@@ -144,9 +147,11 @@ def test_sigkill_in_the_feedback_phase_then_resume_loses_and_doubles_nothing(tmp
                           capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(REPO / "tests")})
     assert died.returncode == -9, died.stderr[-2000:]
-    assert [m["iteration"] for m in read_jsonl(killed / "metrics.jsonl")] == [0]  # iteration 1 never committed
+    killed_in = int(died.stdout.split("killed in iteration")[1].split()[0])
+    recorded = [m["iteration"] for m in read_jsonl(killed / "metrics.jsonl")]
+    assert recorded == list(range(killed_in))  # the iteration killed in its feedback phase never committed
     with TaskPool(killed / "pool.sqlite") as pool:
-        assert pool.tasks_at(1, source="synthetic")  # its tasks were admitted before the kill
+        assert pool.tasks_at(killed_in, source="synthetic")  # its tasks were admitted before the kill
 
     resumed = subprocess.run([sys.executable, "-m", "coevolve.cli", "train", "--output-dir", str(killed),
                               "--resume"], cwd=REPO, capture_output=True, text=True, timeout=600)

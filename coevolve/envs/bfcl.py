@@ -41,6 +41,7 @@ import inspect
 import json
 import math
 import pickle
+import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -216,12 +217,16 @@ def _new_instances(task: Task) -> dict[str, Any]:
     deterministic; their RNGs are seeded from the config and pickled with it). Only bytes this process made from
     its own objects are ever unpickled; nothing an agent writes reaches pickle.
     """
-    blob = _INSTANCE_BLOBS.get(task.id)
+    # The task id hashes the initial state with sorted keys, but the instances keep the config's key order (a
+    # folder lists its entries in that order): the same task read from the data file and from the pool's JSON
+    # must not share instances, or `ls()` would answer in an order that depends on what this process saw first.
+    key = f"{task.id}:{zlib.crc32(json.dumps(task.initial_state, default=str).encode())}"
+    blob = _INSTANCE_BLOBS.get(key)
     if blob is None:
         instances = _load_instances(task)
         if len(_INSTANCE_BLOBS) >= _INSTANCE_BLOBS_MAX:  # bound memory when a run synthesises many tasks
             _INSTANCE_BLOBS.clear()
-        _INSTANCE_BLOBS[task.id] = pickle.dumps(instances, protocol=pickle.HIGHEST_PROTOCOL)
+        _INSTANCE_BLOBS[key] = pickle.dumps(instances, protocol=pickle.HIGHEST_PROTOCOL)
         return instances
     return pickle.loads(blob)
 
