@@ -197,6 +197,10 @@ def build_feedback(section: Any, env: Env, known: Sequence[Task] = (), policy_ba
     else:
         abstractor = LLMAbstractor(_endpoint(section), max_solution_calls=section.max_solution_calls,
                                    max_format_retries=section.llm_max_format_retries)
-    validation = ValidationConfig(dedup_threshold=section.dedup_threshold, check_execution=section.check_execution,
-                                  max_solution_calls=max(section.max_solution_calls, 1))
-    return explorer, abstractor, Validator(env, validation, known)
+    return explorer, abstractor, Validator(env, validation_config(section), known)
+
+
+def validation_config(section: Any) -> ValidationConfig:
+    """The validator's settings from a `FeedbackSection`."""
+    return ValidationConfig(dedup_threshold=section.dedup_threshold, check_execution=section.check_execution,
+                            max_solution_calls=max(section.max_solution_calls, 1))

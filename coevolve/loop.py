@@ -52,12 +52,13 @@ from coevolve.config import Config, ConfigError, load_config, write_config
 from coevolve.envs import make_env
 from coevolve.envs.base import Env
 from coevolve.explore import random_contexts
-from coevolve.feedback import FeedbackResult, build_feedback, feedback_phase, signal_contexts
+from coevolve.feedback import FeedbackResult, build_feedback, feedback_phase, signal_contexts, validation_config
 from coevolve.pool import SamplingConfig as PoolSampling, TaskPool, pool_path
 from coevolve.records import SIGNAL_KINDS, ExplorationContext, Task, Trajectory
 from coevolve.report import write_report
 from coevolve.signals import RolloutColumns, SignalConfig, SignalReport, mine_signals
 from coevolve.train import JsonLines
+from coevolve.validate import Validator
 
 METRICS, STEPS, FEEDBACK_LOG = "metrics.jsonl", "steps.jsonl", "feedback.jsonl"
 
@@ -283,6 +284,8 @@ class _Loop:
         return drawn or self.pool.tasks_at(iteration - 1)
 
     def trajectories(self, iteration: int) -> list[Trajectory]:
+        # Always from the log, never from memory: a normal iteration end and the redo after a kill then read the
+        # very same records (the log has no token ids, which the signals and the explorer do not use).
         return [Trajectory.from_dict({k: v for k, v in row.items() if k != "step"})
                 for row in self.rollouts_log.read() if row.get("iteration") == iteration]
 
@@ -313,7 +316,7 @@ def synthesis_phase(loop: _Loop, iteration: int, contexts: Sequence[ExplorationC
     """Explore, abstract, validate; the admitted tasks join D_iteration (once: the pool refuses duplicates)."""
     base = loop.pool.tasks_at(max(iteration - 1, 0))
     tasks = {task.id: task for task in base}
-    _, _, validator = build_feedback(loop.config.feedback, loop.env, known=base)
+    validator = Validator(loop.env, validation_config(loop.config.feedback), known=base)
     result = feedback_phase(loop.env, contexts, tasks, loop.explorer, loop.abstractor, validator, iteration,
                             seed=loop.config.run.seed, time_budget_seconds=loop.config.feedback.time_budget_seconds)
     loop.feedback_log.rewrite(lambda row: row.get("iteration") != iteration)  # a redone iteration replaces its rows
