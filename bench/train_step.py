@@ -224,7 +224,9 @@ def main() -> None:
         f"rollout.max_new_tokens={args.max_tokens}", f"rollout.max_episode_tokens={args.max_tokens}",
         "rollout.temperature=1.0", "grpo.learning_rate=1e-6", f"run.max_steps={total_steps}",
         f"run.save_steps={total_steps + 1}", "model.device=cpu", "run.seed=0",
+        "grpo.shared_prefix=false",  # like for like: the adapter's cost, not our scoring shortcuts (bench/shared_prefix.py)
     ])
+    train.SKIP_ZERO_ADVANTAGE = False
     prompt_tokens = len(renderer.prompt_ids(renderer.opening_messages(env.reset(tasks[0]).tools(),
                                                                       env.reset(tasks[0]).user_messages()),
                                             env.reset(tasks[0]).tools()))

@@ -127,6 +127,9 @@ class GRPOSection:
     gradient_checkpointing: bool = False
     mask_truncated: bool = False
     """Drop trajectories cut by a limit from the loss (DAPO's overlong filtering)."""
+    shared_prefix: bool = True
+    """Score the prompt prefix common to a micro-batch once (the same log-probabilities and gradients, a fraction
+    of the work; `coevolve.prefix`). Applies in one process without gradient checkpointing; else TRL's path."""
 
 
 @dataclass(frozen=True)

@@ -318,6 +318,10 @@ def lora_config(config: Config) -> Any:
                       target_modules=target if isinstance(target, str) else list(target), task_type="CAUSAL_LM")
 
 
+SKIP_ZERO_ADVANTAGE = True
+"""Skip the forward/backward of micro-batches whose loss is exactly zero (`CoevolveGRPOTrainer.compute_loss`);
+the benchmark turns it off to compare."""
+
 CPU_COMPACT_SCORING = True
 """Score only the completion positions on CPU (see `_compact_scoring_on_cpu`); the benchmark turns it off to
 compare with bare TRL."""
@@ -340,8 +344,36 @@ def _compact_scoring_on_cpu() -> None:
     trl_utils._use_triton = use_compact
 
 
+def flat_groups_last(advantages: Any, group_size: int) -> list[int]:
+    """Row order for a generation batch laid out as consecutive groups of `group_size`: groups with a nonzero
+    advantage first, then flat ones (every advantage zero), each group whole and in its original order."""
+    rows = len(advantages)
+    if group_size <= 0 or rows % group_size:
+        return list(range(rows))
+    starts = range(0, rows, group_size)
+    flat = [not any(float(a) != 0.0 for a in advantages[start:start + group_size]) for start in starts]
+    ordered = [start for start, is_flat in zip(starts, flat) if not is_flat]
+    ordered += [start for start, is_flat in zip(starts, flat) if is_flat]
+    return [row for start in ordered for row in range(start, start + group_size)]
+
+
+def _permuted(value: Any, order: list[int]) -> Any:
+    """`value` (a per-row tensor or list of a generation batch) in `order`; scalars and None as they are (the
+    same rule as TRL's `shuffle_sequence_dict`)."""
+    if value is None or (hasattr(value, "ndim") and value.ndim == 0):
+        return value
+    if hasattr(value, "ndim"):
+        return value[order]
+    return [value[i] for i in order]
+
+
 def _trainer_class() -> type:
+    import torch
     from trl import GRPOTrainer
+
+    from trl.trainer.grpo_trainer import split_pixel_values_by_grid, split_tensor_dict, unsplit_pixel_values_by_grid
+
+    from coevolve.prefix import MIN_SHARED_TOKENS, shared_prefix_length, shared_prefix_logps
 
     class CoevolveGRPOTrainer(GRPOTrainer):
         """TRL's trainer, with a task order that survives a resume.
@@ -358,6 +390,73 @@ def _trainer_class() -> type:
                 seed = sampler.seed
                 sampler.set_epoch = lambda epoch: sampler.generator.manual_seed(seed + epoch)
             return sampler
+
+        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
+                                               batch_size=None, compute_entropy=False, compute_aux_loss=False,
+                                               **multimodal):
+            """TRL's scoring, with the prompt prefix a micro-batch shares computed once (`coevolve.prefix`)."""
+            base = super()._get_per_token_logps_and_entropies
+            if not self.shared_prefix_enabled() or compute_aux_loss or any(v is not None for v in multimodal.values()):
+                return base(model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                            compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal)
+            batch_size = batch_size or input_ids.size(0)
+            logps, entropies = [], []
+            for start in range(0, input_ids.size(0), batch_size):
+                ids, mask = input_ids[start:start + batch_size], attention_mask[start:start + batch_size]
+                shared = shared_prefix_length(ids, mask, ids.size(1) - logits_to_keep)
+                if shared >= MIN_SHARED_TOKENS:
+                    chunk_logps, chunk_entropies = shared_prefix_logps(
+                        model, ids, mask, logits_to_keep, shared, compute_entropy, self.accelerator.autocast)
+                else:
+                    chunk_logps, chunk_entropies, _ = base(model, ids, mask, logits_to_keep,
+                                                           compute_entropy=compute_entropy)
+                logps.append(chunk_logps)
+                entropies.append(chunk_entropies)
+            return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None
+
+        def _prepare_inputs(self, generation_batch):
+            """TRL's buffering of one generation into micro-batches, with its random shuffle replaced by
+            `flat_groups_last`: groups stay whole, those with a learning signal first. With one optimizer step per
+            generation (how `grpo_args` sets TRL up) the step's gradient is a sum over micro-batches, so their
+            composition changes nothing but the work: a micro-batch of one group shares its whole prompt
+            (`coevolve.prefix`) and a micro-batch of flat groups is skipped (`compute_loss`)."""
+            if not self.model.training or not self.single_process():
+                return super()._prepare_inputs(generation_batch)
+            generate_every = self.args.steps_per_generation * self.num_iterations
+            if self._step % generate_every == 0 or self._buffered_inputs is None:
+                batch = self._generate_and_score_completions(generation_batch)
+                batch = split_pixel_values_by_grid(batch)
+                order = flat_groups_last(batch["advantages"], self.num_generations)
+                batch = {key: _permuted(value, order) for key, value in batch.items()}
+                self._buffered_inputs = [unsplit_pixel_values_by_grid(part)
+                                         for part in split_tensor_dict(batch, self.args.steps_per_generation)]
+            return self._buffered_inputs[self._step % self.args.steps_per_generation]
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            """TRL's loss, except that a micro-batch whose advantages are all zero (every group in it scored alike)
+            is not run through the model when nothing else is in the loss (beta = 0, no entropy bonus, no MoE
+            auxiliary loss): its clipped-surrogate loss is exactly 0 and so is its gradient. It still returns a
+            zero connected to every trainable weight, so the step's gradients exist (and are zero) as TRL's would
+            be: AdamW's moments then move as they would have."""
+            flat = (SKIP_ZERO_ADVANTAGE and self.single_process() and self.beta == 0.0
+                    and not self._entropy_bonus_enabled and not self.aux_loss_enabled and not return_outputs
+                    and not bool(inputs["advantages"].ne(0).any()))
+            self._metrics["train"]["skipped_flat_micro_batches"].append(float(flat))
+            if flat:
+                return sum((weight * 0).sum() for weight in model.parameters() if weight.requires_grad)
+            return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+
+        def single_process(self) -> bool:
+            return (self.accelerator.num_processes == 1 and not self.is_deepspeed_enabled
+                    and not self.is_fsdp_enabled)
+
+        def shared_prefix_enabled(self) -> bool:
+            # Two forward calls before one backward: fine in one process; DDP/DeepSpeed/FSDP wrappers expect one.
+            # Gradient checkpointing turns the key/value cache off.
+            return (getattr(self, "coevolve_shared_prefix", False) and self.single_process()
+                    and not getattr(self.args, "activation_checkpointing", False)
+                    and not getattr(self.args, "gradient_checkpointing", False))
 
     return CoevolveGRPOTrainer
 
@@ -380,6 +479,7 @@ def build_trainer(config: Config, output_dir: Path, model_path: str, tokenizer: 
         rollout_func=rollouts,
         callbacks=list(callbacks),
     )
+    trainer.coevolve_shared_prefix = config.grpo.shared_prefix
     if config.grpo.ref_model and config.grpo.beta > 0:
         _replace_reference(trainer, config)
     return trainer

@@ -1,0 +1,101 @@
+"""Shared-prompt scoring: the GRPO loss's forward and backward pass over a prompt prefix once per micro-batch.
+
+A GRPO micro-batch is K trajectories of each of a few tasks, and every prompt opens with the same tokens (system
+message, tool list, worked examples); only the task's own question, the completions and the env's answers differ.
+TRL scores each row from its first token, so on the CPU quickstart (~430-token prompts, ~20-token replies) over
+90% of a step's forward and backward work is the same prompt prefix, computed 8 times. Here the longest prefix
+common to every row of the micro-batch runs once (batch of one, with gradients, its key/value cache kept); the
+cache is repeated for each row and the rows' remaining tokens run on top of it through TRL's own fused LM head
+(same temperature, same log-probability and entropy kernels).
+
+The result is the same function of the weights, not an approximation: the prefix's keys and values are the ones
+each row would compute (causal attention: a position never sees what follows it), and their gradient is the sum of
+the rows' gradients, which is what the per-row forward accumulates. Positions are the rows' own (no left-padding
+offset: RoPE attention depends on relative positions only, so TRL's padded positions score the same). Tests check
+log-probabilities, entropies and gradients against TRL's path on a tiny model.
+
+It applies when the micro-batch is text-only, the model is a causal LM that takes a `cache`, training runs in one
+process without gradient checkpointing (which turns the cache off), and the shared prefix is long enough to be
+worth a second forward call (`MIN_SHARED_TOKENS`); otherwise TRL's path runs unchanged. Not in the paper: an
+implementation detail of the loss computation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+MIN_SHARED_TOKENS = 32
+"""Below this, one extra forward call costs more than the shared tokens save."""
+
+
+def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int) -> int:
+    """Tokens every row's (left-padded) prompt starts with, leaving each row at least its last prompt token (the
+    position whose output scores the first completion token)."""
+    starts = (attention_mask[:, :prompt_width] == 0).sum(dim=1)  # left padding per row
+    lengths = prompt_width - starts
+    shortest = int(lengths.min())
+    if shortest <= 1:
+        return 0
+    first = input_ids[0, int(starts[0]):int(starts[0]) + shortest - 1]
+    limit = shortest - 1
+    for row in range(1, input_ids.size(0)):
+        start = int(starts[row])
+        other = input_ids[row, start:start + limit]
+        differs = (other[:limit] != first[:limit]).nonzero()
+        if len(differs):
+            limit = int(differs[0])
+        if limit == 0:
+            return 0
+    return limit
+
+
+def _cache(outputs: Any) -> Any:
+    return getattr(outputs, "cache", None) or getattr(outputs, "past_key_values", None)
+
+
+def shared_prefix_logps(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
+                        prefix_length: int, compute_entropy: bool,
+                        autocast: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probabilities (and entropies) of the last `logits_to_keep` positions of each row, as TRL's
+    `_get_per_token_logps_and_entropies` computes them for one chunk, with the first `prefix_length` real tokens
+    of every row (identical across rows) computed once. `model` carries TRL's fused LM head."""
+    rows, width = input_ids.shape
+    prompt_width = width - logits_to_keep
+    starts = (attention_mask[:, :prompt_width] == 0).sum(dim=1)
+    first_start = int(starts[0])
+    prefix = input_ids[:1, first_start:first_start + prefix_length]
+    with autocast():
+        # use_cache: the prefix's keys and values (with their autograd graph) are what the rows attend to.
+        prefix_out = model(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True,
+                           logits_to_keep=1)
+    cache = _cache(prefix_out)
+    if cache is None:
+        raise RuntimeError("the model returned no key/value cache for the shared prefix")
+    cache.batch_repeat_interleave(rows)
+
+    # Each row after the prefix: the rest of its prompt, left-padded to a common width, then its completion.
+    rest_lengths = (prompt_width - starts) - prefix_length
+    rest_width = int(rest_lengths.max())
+    suffix_width = rest_width + logits_to_keep
+    suffix = input_ids.new_zeros(rows, suffix_width)
+    suffix_mask = attention_mask.new_zeros(rows, suffix_width)
+    for row in range(rows):
+        length = int(rest_lengths[row])
+        source = int(starts[row]) + prefix_length
+        suffix[row, rest_width - length:rest_width] = input_ids[row, source:prompt_width]
+        suffix_mask[row, rest_width - length:rest_width] = 1
+    suffix[:, rest_width:] = input_ids[:, prompt_width:]
+    suffix_mask[:, rest_width:] = attention_mask[:, prompt_width:]
+    full_mask = torch.cat([attention_mask.new_ones(rows, prefix_length), suffix_mask], dim=1)
+    # The rows' own positions: prefix_length + how many real tokens precede (pads repeat their neighbour's).
+    position_ids = (full_mask.cumsum(dim=1) - 1).clamp(min=0)[:, prefix_length:]
+    labels = suffix.masked_fill(suffix_mask == 0, -100)
+    labels[:, :-logits_to_keep] = -100
+    with autocast():
+        outputs = model(input_ids=suffix, attention_mask=full_mask, position_ids=position_ids, cache=cache,
+                        labels=labels, fused_lm_head=True)
+    logps = outputs.log_probs[:, -logits_to_keep:]
+    entropies = outputs.entropy[:, -logits_to_keep:] if compute_entropy else None
+    return logps, entropies

@@ -1,0 +1,137 @@
+"""Shared-prompt scoring: the same log-probabilities, entropies and gradients as TRL's per-row path."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("trl")
+
+from coevolve.prefix import shared_prefix_length, shared_prefix_logps  # noqa: E402
+
+
+def fused_tiny_model(tokenizer, seed: int = 0):
+    from trl.trainer.utils import add_fused_lm_head
+
+    from coevolve.policy.models import build_tiny_model
+
+    model = build_tiny_model(tokenizer, hidden_size=64, num_layers=2, seed=seed)
+    add_fused_lm_head(model, temperature=0.7, outputs=("log_probs", "entropy"))
+    model.train()
+    return model
+
+
+def batch(pad: int = 0):
+    """Rows as TRL lays them out: left-padded prompts that share 40 tokens then differ in their own tail, and
+    right-padded completions (the last column of row 2 is padding)."""
+    generator = torch.Generator().manual_seed(0)
+    shared = torch.randint(5, 1000, (40,), generator=generator).tolist()
+    tails = [[11, 12, 13], [21, 22, 23, 24, 25, 26], [31], [41, 42, 43, 44]]
+    completions = [[101, 102, 103, 104], [111, 112, 113, 114], [121, 122, 123, pad], [131, 132, 133, 134]]
+    width = max(len(shared) + len(tail) for tail in tails)
+    ids, mask = [], []
+    for tail, completion in zip(tails, completions):
+        prompt = shared + tail
+        padding = width - len(prompt)
+        ids.append([pad] * padding + prompt + completion)
+        mask.append([0] * padding + [1] * len(prompt) + [int(token != pad) for token in completion])
+    return torch.tensor(ids), torch.tensor(mask), 4
+
+
+def trl_scores(model, ids, mask, keep):
+    from trl import GRPOTrainer
+
+    owner = SimpleNamespace(accelerator=SimpleNamespace(autocast=contextlib.nullcontext, is_main_process=True))
+    logps, entropies, _ = GRPOTrainer._get_per_token_logps_and_entropies(owner, model, ids, mask, keep,
+                                                                         compute_entropy=True)
+    return logps, entropies
+
+
+def test_shared_prefix_length_stops_where_rows_differ_and_keeps_the_last_prompt_token():
+    ids, mask, keep = batch()
+    assert shared_prefix_length(ids, mask, ids.size(1) - keep) == 40
+    # One row only: everything but its last prompt token is "shared".
+    assert shared_prefix_length(ids[2:3], mask[2:3], ids.size(1) - keep) == 40
+    # A row whose first token differs: nothing is shared.
+    other = ids.clone()
+    other[1, (mask[1] == 1).nonzero()[0, 0]] = 999_999 % 1000
+    assert shared_prefix_length(other, mask, ids.size(1) - keep) == 0
+
+
+def test_same_logprobs_entropies_and_gradients_as_trl(tokenizer):
+    ids, mask, keep = batch()
+    shared = shared_prefix_length(ids, mask, ids.size(1) - keep)
+    reference_model, model = fused_tiny_model(tokenizer), fused_tiny_model(tokenizer)
+
+    expected_logps, expected_entropies = trl_scores(reference_model, ids, mask, keep)
+    logps, entropies = shared_prefix_logps(model, ids, mask, keep, shared, True, contextlib.nullcontext)
+    completion_mask = mask[:, -keep:].bool()
+    assert logps.shape == expected_logps.shape == (4, keep)
+    assert torch.allclose(logps[completion_mask], expected_logps[completion_mask], atol=1e-5)
+    assert torch.allclose(entropies[completion_mask], expected_entropies[completion_mask], atol=1e-5)
+
+    # A loss like GRPO's (advantage-weighted log-probabilities of the model tokens): same gradient everywhere.
+    advantages = torch.tensor([1.0, -0.5, 0.25, -0.75])[:, None]
+    (expected_logps * advantages * completion_mask).sum().backward()
+    (logps * advantages * completion_mask).sum().backward()
+    for (name, expected), (_, got) in zip(reference_model.named_parameters(), model.named_parameters()):
+        assert torch.allclose(got.grad, expected.grad, atol=1e-5, rtol=1e-4), name
+
+
+def test_training_takes_both_shortcuts_and_learns_what_trl_alone_learns(tmp_path, ls_policy_dir, monkeypatch):
+    """Real GRPO steps through the trainer: shared-prefix scoring runs, flat micro-batches (every advantage zero)
+    are skipped, and the weights after three steps are the ones TRL's plain path gives (`grpo.shared_prefix=false`
+    and the skip switched off)."""
+    import coevolve.prefix as prefix
+    import coevolve.train as train
+    from coevolve.loop import run
+    from support import ls_tasks, write_tasks
+
+    calls = []
+    original = prefix.shared_prefix_logps
+
+    def counting(*args, **kwargs):
+        calls.append(args[4])  # the shared prefix length
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(prefix, "shared_prefix_logps", counting)
+    tasks_file = write_tasks(ls_tasks(4), tmp_path / "tasks.jsonl")
+    common = [f"model.name={ls_policy_dir}", "model.demos=0", "model.device=cpu", f"env.tasks_file={tasks_file}",
+              "rollout.group_size=4", "rollout.max_new_tokens=8", "rollout.max_replies_per_turn=1",
+              "rollout.max_episode_tokens=32", "rollout.temperature=1.0", "grpo.prompts_per_step=2",
+              "grpo.learning_rate=1e-3", "run.max_steps=3", "run.seed=1", "loop.eval_limit=2",
+              "loop.eval_every=0"]
+    run(None, common, str(tmp_path / "fast"))
+    steps = [json.loads(line) for line in (tmp_path / "fast" / "steps.jsonl").read_text().splitlines()]
+    assert calls and min(calls) >= prefix.MIN_SHARED_TOKENS
+    assert any(step["skipped_flat_micro_batches"] > 0 for step in steps)
+    assert any(step["skipped_flat_micro_batches"] < 1 and step["grad_norm"] > 0 for step in steps)
+
+    calls.clear()
+    monkeypatch.setattr(train, "SKIP_ZERO_ADVANTAGE", False)
+    run(None, [*common, "grpo.shared_prefix=false"], str(tmp_path / "plain"))
+    plain = [json.loads(line) for line in (tmp_path / "plain" / "steps.jsonl").read_text().splitlines()]
+    assert calls == [] and all(step["skipped_flat_micro_batches"] == 0 for step in plain)
+    assert [s["rollout/success_rate"] for s in plain] == [s["rollout/success_rate"] for s in steps]
+    fast_weights, plain_weights = weights(tmp_path / "fast" / "final"), weights(tmp_path / "plain" / "final")
+    for name, value in plain_weights.items():
+        assert torch.allclose(fast_weights[name], value, atol=1e-5), name
+
+
+def weights(folder):
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_flat_groups_go_last_and_stay_whole():
+    from coevolve.train import flat_groups_last
+
+    # Three groups of 2: (0.5, -0.5) has a signal, (0, 0) is flat, (0, 1e-3) has a signal.
+    assert flat_groups_last([0.5, -0.5, 0.0, 0.0, 0.0, 1e-3], 2) == [0, 1, 4, 5, 2, 3]
+    assert flat_groups_last(torch.tensor([0.0, 0.0, 1.0, -1.0]), 2) == [2, 3, 0, 1]
+    assert flat_groups_last([0.0, 0.0, 0.0], 2) == [0, 1, 2]  # not whole groups: left alone
