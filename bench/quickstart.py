@@ -67,6 +67,18 @@ def fresh_clone() -> dict:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def config_line() -> str:
+    import yaml
+
+    config = yaml.safe_load((REPO / "configs" / "quickstart.yaml").read_text())
+    run, grpo, loop = config["run"], config["grpo"], config["loop"]
+    iterations = -(-run["max_steps"] // loop["steps_per_iteration"])
+    return (f"SmolLM2-135M, {config['model']['tool_style']} tool list, {config['model']['demos']} worked examples, "
+            f"{run['max_steps']} GRPO steps of {grpo['prompts_per_step']} tasks x K={config['rollout']['group_size']} "
+            f"in {iterations} iterations, lr {grpo['learning_rate']}, T={config['rollout']['temperature']}, "
+            f"{config['feedback']['explorer']} explorer + {config['feedback']['abstractor']} abstractor")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -96,8 +108,7 @@ def main() -> None:
         "",
         f"Command: `python bench/quickstart.py --seeds {' '.join(map(str, args.seeds))}"
         f"{' --fresh-clone' if args.fresh_clone else ''}`. Machine: {machine_line()}. Config: "
-        "`configs/quickstart.yaml` (SmolLM2-135M, signatures tool list, 3 worked examples, 9 GRPO steps of 2 tasks x "
-        "K=4 in 3 iterations, offline explorer + template abstractor).",
+        f"`configs/quickstart.yaml` ({config_line()}).",
         "",
         "| seed | how it ran | wall seconds | held-out before | held-out after | after / before | synthetic tasks "
         "added | feedback share | train success per iteration |",
