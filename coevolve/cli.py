@@ -113,15 +113,17 @@ def _eval_model(args: argparse.Namespace, env, options: dict) -> int:
         raise UsageError("--samples and --max-new-tokens must be >= 1, --demos and --temperature >= 0")
     if args.backend == "openai" and not args.base_url:
         raise UsageError("--backend openai needs --base-url (or use a hosted endpoint's URL)")
-    tasks = env.tasks()
+    # The limit first: worked examples may then come from the same split's tasks that are not evaluated.
+    tasks = env.tasks()[: args.limit]
     demo_tasks: list = []
     if args.demos:
         if hasattr(env, "split"):
             demo_env = make_env(args.env, scope=args.scope, split="train")
             demo_tasks = [t for t in demo_env.tasks() if t.id not in {task.id for task in tasks}]
         else:  # no train split: take the examples from the end of the list and keep them out of the evaluation
-            demo_env, demo_tasks, tasks = env, tasks[-args.demos:], tasks[:-args.demos]
-    tasks = tasks[: args.limit]
+            every = env.tasks()
+            demo_env, demo_tasks = env, every[-args.demos:]
+            tasks = [task for task in tasks if task not in demo_tasks]
     try:
         backend = make_backend(args.backend, spec, device=args.device, dtype=args.dtype, base_url=args.base_url)
     except (ModelError, BackendUnavailable) as error:

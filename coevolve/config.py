@@ -127,6 +127,11 @@ class GRPOSection:
     gradient_checkpointing: bool = False
     mask_truncated: bool = False
     """Drop trajectories cut by a limit from the loss (DAPO's overlong filtering)."""
+    reward: str = "env"
+    """What GRPO maximises: `env` = the env's score (the paper); `graded` = the env score when solved, else
+    `partial_credit` x how well the calls match the ground truth (`coevolve.reward`). Held-out success is the env's."""
+    partial_credit: float = 0.5
+    """With reward `graded`: the most an unsolved trajectory can earn (below 1, so solving always ranks first)."""
     shared_prefix: bool = True
     """Score the prompt prefix common to a micro-batch once (the same log-probabilities and gradients, a fraction
     of the work; `coevolve.prefix`). Applies in one process without gradient checkpointing; else TRL's path."""
@@ -237,6 +242,8 @@ class Config:
         _check(self.grpo.loss_normalisation in LOSS_NORMALISATIONS, "grpo.loss_normalisation",
                f"must be one of {LOSS_NORMALISATIONS}")
         _check(self.grpo.scale_rewards in ("group", "batch", "none"), "grpo.scale_rewards", "group, batch or none")
+        _check(self.grpo.reward in ("env", "graded"), "grpo.reward", "env or graded")
+        _check(0.0 <= self.grpo.partial_credit < 1.0, "grpo.partial_credit", "a number in [0, 1)")
         _check(self.grpo.beta >= 0 and self.grpo.epsilon_low >= 0 and self.grpo.epsilon_high >= 0,
                "grpo.beta/epsilon_*", "must be >= 0")
         _check(self.model.reply_format in ("python", "hermes"), "model.reply_format", "python or hermes")

@@ -422,7 +422,7 @@ def train_phase(loop: _Loop, tokenizer: Any, resume: bool, backend: Any = None) 
 
     rollouts = EnvRollouts(loop.env, loop.pool.tasks_at(0), loop.renderer, rollout_config(config),
                            seed=config.run.seed, mask_truncated=config.grpo.mask_truncated, backend=backend,
-                           on_step=on_step)
+                           on_step=on_step, reward=config.grpo.reward, partial_credit=config.grpo.partial_credit)
     callbacks = [metrics_callback(steps_log, pending),
                  iteration_callback(loop, rollouts, lambda: _backend(rollouts, trainer))]
     trainer = build_trainer(config, directory, resolve_model(config.model.name), tokenizer, rollouts, [],

@@ -13,7 +13,9 @@ are in the sequence (the model attends to them) but carry no loss. How that maps
   each repeated K = `num_generations` times); we run our batched engine (`coevolve.rollout`) against the env and
   return `prompt_ids` (the opening prompt), `completion_ids` (replies interleaved with env tokens), the sampling
   `logprobs`, and `env_mask` (1 = model token), which TRL multiplies into its loss mask.
-- Reward: the env's score of each trajectory (`env_score`, passed through the rollout output to the reward function).
+- Reward: the env's score of each trajectory (`env_score`, passed through the rollout output to the reward function);
+  or, with `grpo.reward: graded` (not the paper's), partial credit for unsolved trajectories whose calls match the
+  ground truth (`coevolve.reward`; `train_reward`). Signals and held-out success always use the env's score.
 - Advantages: TRL's `(R - group mean) / (std + 1e-4)`, std with Bessel's correction (`scale_rewards="group"`;
   the paper does not say which std; delta = 1e-4). Groups whose K rewards are equal get A = 0 exactly.
 - Clipping: TRL's two-sided `epsilon` (= eps_low) and `epsilon_high`; the KL term is TRL's k3 estimator
@@ -33,6 +35,9 @@ are in the sequence (the model attends to them) but carry no loss. How that maps
   the base model under a disabled adapter.
 - Truncated trajectories (`grpo.mask_truncated`) are dropped from the loss by zeroing their `env_mask`, using our
   own truncation record (TRL's check looks for an EOS at the end, which a multi-turn episode need not have).
+- Work, not maths (in one process): micro-batches hold whole groups instead of TRL's shuffled rows, the prompt
+  prefix a micro-batch shares is scored once (`coevolve.prefix`), and a micro-batch whose advantages are all zero
+  skips the model when beta = 0 (its loss and gradient are exactly zero). The step's gradient is unchanged.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from coevolve.envs.base import Env
 from coevolve.policy.backends import SamplingConfig
 from coevolve.policy.chat import ChatRenderer
 from coevolve.records import Task, Trajectory
+from coevolve.reward import training_reward
 from coevolve.rollout import RolloutBatch, RolloutConfig, rollout
 
 LOSS_TYPES = {"tokens": "dapo", "sequence": "grpo", "constant": "dr_grpo"}
@@ -114,8 +120,10 @@ class EnvRollouts:
 
     def __init__(self, env: Env, tasks: Sequence[Task], renderer: ChatRenderer, rollout_config: RolloutConfig,
                  seed: int = 0, iteration: int = 0, mask_truncated: bool = False, backend: Any = None,
-                 on_step: Callable[[StepRollouts], None] | None = None) -> None:
+                 on_step: Callable[[StepRollouts], None] | None = None, reward: str = "env",
+                 partial_credit: float = 0.5) -> None:
         self.env, self.renderer, self.config = env, renderer, rollout_config
+        self.reward, self.partial_credit = reward, partial_credit
         self.tasks = {task.id: task for task in tasks}
         self.seed, self.iteration, self.mask_truncated = seed, iteration, mask_truncated
         self.backend, self.on_step = backend, on_step
@@ -193,6 +201,8 @@ class EnvRollouts:
             "logprobs": [list(t.logprobs) for t in trajectories],
             "env_mask": masks,
             "env_score": [t.score for t in trajectories],
+            "train_reward": [training_reward(t, self.tasks[t.task_id], self.reward, self.partial_credit)
+                             for t in trajectories],
         }
 
     def _renamed(self, trajectories: Sequence[Trajectory], step: int, process: int) -> tuple[Trajectory, ...]:
@@ -219,6 +229,12 @@ def env_score_reward(prompts: Sequence[Any], completions: Sequence[Any], env_sco
                      **_: Any) -> list[float]:
     """The reward: the env's score of each trajectory (BFCL's binary state/response checks)."""
     return [float(score) for score in env_score]
+
+
+def graded_reward(prompts: Sequence[Any], completions: Sequence[Any], train_reward: Sequence[float],
+                  **_: Any) -> list[float]:
+    """`grpo.reward: graded`: the env score when solved, else partial credit for matching calls (`coevolve.reward`)."""
+    return [float(value) for value in train_reward]
 
 
 def task_dataset(tasks: Sequence[Task]) -> Any:
@@ -471,7 +487,7 @@ def build_trainer(config: Config, output_dir: Path, model_path: str, tokenizer: 
     args = grpo_args(config, output_dir, PartialState().num_processes)
     trainer = _trainer_class()(
         model=model_path,
-        reward_funcs=env_score_reward,
+        reward_funcs=graded_reward if config.grpo.reward == "graded" else env_score_reward,
         args=args,
         train_dataset=dataset if dataset is not None else task_dataset(tasks),
         processing_class=tokenizer,
