@@ -50,6 +50,8 @@ bench: venv
 	$(BIN)/python bench/zero_shot.py
 	$(BIN)/python bench/train_step.py
 	$(BIN)/python bench/feedback.py --tasks 24
+	$(BIN)/python bench/quickstart.py --seeds 0 1 2 --fresh-clone
+	$(BIN)/python bench/shared_prefix.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

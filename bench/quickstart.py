@@ -76,6 +76,7 @@ def config_line() -> str:
     return (f"SmolLM2-135M, {config['model']['tool_style']} tool list, {config['model']['demos']} worked examples, "
             f"{run['max_steps']} GRPO steps of {grpo['prompts_per_step']} tasks x K={config['rollout']['group_size']} "
             f"in {iterations} iterations, lr {grpo['learning_rate']}, T={config['rollout']['temperature']}, "
+            f"reward {grpo.get('reward', 'env')}, "
             f"{config['feedback']['explorer']} explorer + {config['feedback']['abstractor']} abstractor")
 
 

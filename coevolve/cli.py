@@ -17,7 +17,7 @@ import argparse
 import inspect
 import json
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 EXIT_USAGE = 2
 
@@ -99,7 +99,6 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def _eval_model(args: argparse.Namespace, env, options: dict) -> int:
-    from coevolve.envs import make_env
     from coevolve.evaluate import evaluate_model
     from coevolve.policy.backends import BackendUnavailable, SamplingConfig, make_backend
     from coevolve.policy.chat import ChatRenderer, build_demonstrations
@@ -113,17 +112,7 @@ def _eval_model(args: argparse.Namespace, env, options: dict) -> int:
         raise UsageError("--samples and --max-new-tokens must be >= 1, --demos and --temperature >= 0")
     if args.backend == "openai" and not args.base_url:
         raise UsageError("--backend openai needs --base-url (or use a hosted endpoint's URL)")
-    # The limit first: worked examples may then come from the same split's tasks that are not evaluated.
-    tasks = env.tasks()[: args.limit]
-    demo_tasks: list = []
-    if args.demos:
-        if hasattr(env, "split"):
-            demo_env = make_env(args.env, scope=args.scope, split="train")
-            demo_tasks = [t for t in demo_env.tasks() if t.id not in {task.id for task in tasks}]
-        else:  # no train split: take the examples from the end of the list and keep them out of the evaluation
-            every = env.tasks()
-            demo_env, demo_tasks = env, every[-args.demos:]
-            tasks = [task for task in tasks if task not in demo_tasks]
+    tasks, demo_env, demo_tasks = evaluation_tasks(env, args.env, args.scope, args.limit, args.demos)
     try:
         backend = make_backend(args.backend, spec, device=args.device, dtype=args.dtype, base_url=args.base_url)
     except (ModelError, BackendUnavailable) as error:
@@ -141,6 +130,23 @@ def _eval_model(args: argparse.Namespace, env, options: dict) -> int:
     else:
         _print_report(report)
     return 0
+
+
+def evaluation_tasks(env: Any, env_name: str, scope: str, limit: int | None, demos: int) -> tuple[list, Any, list]:
+    """(tasks to evaluate, env of the worked examples, tasks they may come from), never overlapping. The limit
+    applies first, so examples can come from the evaluated split's other tasks (bfcl-lite's train split)."""
+    from coevolve.envs import make_env
+
+    tasks = env.tasks()[:limit]
+    if not demos:
+        return tasks, env, []
+    if hasattr(env, "split"):
+        demo_env = make_env(env_name, scope=scope, split="train")
+        evaluated = {task.id for task in tasks}
+        return tasks, demo_env, [task for task in demo_env.tasks() if task.id not in evaluated]
+    # No train split: the examples come from the end of the list and stay out of the evaluation.
+    demo_tasks = env.tasks()[-demos:]
+    return [task for task in tasks if task not in demo_tasks], env, demo_tasks
 
 
 def _with_progress(work, quiet: bool):

@@ -109,3 +109,19 @@ def test_model_policy_errors_are_one_line(args, message):
     result = run_cli("eval", "--env", "bfcl-lite", "--limit", "1", *args, timeout=600)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_worked_examples_never_come_from_evaluated_tasks():
+    """With --limit on bfcl-lite's train split, the examples come from the split's other tasks (before, the
+    whole split counted as evaluated and a model was prompted with no example at all)."""
+    from coevolve.cli import evaluation_tasks
+    from coevolve.envs import make_env
+
+    train = make_env("bfcl-lite", split="train")
+    tasks, demo_env, demo_tasks = evaluation_tasks(train, "bfcl-lite", "official", 5, 3)
+    assert len(tasks) == 5 and len(demo_tasks) == len(train.tasks()) - 5
+    assert not {t.id for t in tasks} & {t.id for t in demo_tasks}
+    bfcl = make_env("bfcl")
+    tasks, demo_env, demo_tasks = evaluation_tasks(bfcl, "bfcl", "official", None, 2)
+    assert demo_env is bfcl and len(demo_tasks) == 2 and not {t.id for t in demo_tasks} & {t.id for t in tasks}
+    assert evaluation_tasks(bfcl, "bfcl", "official", 3, 0)[2] == []
