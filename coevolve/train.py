@@ -386,13 +386,14 @@ def _permuted(value: Any, order: list[int]) -> Any:
 def _trainer_class() -> type:
     import torch
     from trl import GRPOTrainer
-
     from trl.trainer.grpo_trainer import split_pixel_values_by_grid, split_tensor_dict, unsplit_pixel_values_by_grid
 
     from coevolve.prefix import MIN_SHARED_TOKENS, shared_prefix_length, shared_prefix_logps
 
     class CoevolveGRPOTrainer(GRPOTrainer):
-        """TRL's trainer, with a task order that survives a resume.
+        """TRL's trainer, with a task order that survives a resume, and (in one process) less work for the same
+        gradient: whole groups per micro-batch (`_prepare_inputs`), the shared prompt prefix scored once
+        (`_get_per_token_logps_and_entropies`), flat micro-batches skipped (`compute_loss`).
 
         TRL's sampler draws each epoch's shuffle from one generator seeded once, so the order of epoch e depends on
         how many epochs this process drew before: a run resumed in its second epoch replays the first epoch's
