@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: venv test-venv quickstart test bench clean browser
+.PHONY: venv test-venv quickstart test bench bench-gpu gpu-wheels replicate clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,23 @@ bench: venv
 	$(BIN)/python bench/feedback.py --tasks 24
 	$(BIN)/python bench/quickstart.py --seeds 0 1 2 --fresh-clone
 	$(BIN)/python bench/shared_prefix.py
+
+# GPU hosts: vLLM vs transformers rollouts and one loop iteration (bench/gpu.sh builds .venv-gpu; set WHEELHOUSE
+# to install offline from local wheel files).
+bench-gpu:
+	bash bench/gpu.sh
+
+# On a connected machine with the GPU host's Python version and platform: every wheel bench/gpu.sh installs.
+WHEELHOUSE ?= wheels
+gpu-wheels:
+	mkdir -p $(WHEELHOUSE)
+	bash bench/gpu.sh --requirements > $(WHEELHOUSE)/requirements.txt
+	$(PYTHON) -m pip download -q -d $(WHEELHOUSE) -r $(WHEELHOUSE)/requirements.txt
+	$(PYTHON) -m pip download -q -d $(WHEELHOUSE) --no-deps -r requirements/nodeps.txt
+
+# The small-scale replication of the paper's ablation table (bench/replicate.py; resumable, ~2 hours on 2 cores).
+replicate: venv
+	$(BIN)/python bench/replicate.py --seeds 0 1 2
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -109,17 +109,30 @@ def main() -> None:
     parser.add_argument("--heldout", type=int, default=40)
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--out", default=str(REPO / "runs" / "replicate"))
+    parser.add_argument("--max-minutes", type=float, default=0,
+                        help="start no new run after this many minutes (0: no limit); rerun to continue")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    rows: dict[str, list[dict]] = {}
-    for arm in args.arms:
-        for seed in (args.seeds[:1] if arm == "zero-shot" else args.seeds):
+    rows: dict[str, list[dict]] = {arm: [] for arm in args.arms}
+    skipped = 0
+    # Seed by seed, every arm of a seed before the next seed: an invocation stopped by --max-minutes (or killed)
+    # leaves complete paired comparisons behind, and the next invocation continues where it stopped.
+    for seed in args.seeds:
+        for arm in args.arms:
+            if arm == "zero-shot" and seed != args.seeds[0]:
+                continue  # greedy evaluation of the untrained model: one run stands for every seed
+            folder = out / f"{slug(arm)}-seed{seed}"
+            over_budget = args.max_minutes and (time.perf_counter() - started) / 60 > args.max_minutes
+            if over_budget and not (folder / "summary.json").exists():
+                skipped += 1
+                continue
             result = run_arm(arm, seed, args.steps, args.heldout, out)
-            rows.setdefault(arm, []).append(result)
+            rows[arm].append(result)
             print(json.dumps(result), flush=True)
+    rows = {arm: results for arm, results in rows.items() if results}
     total_minutes = (time.perf_counter() - started) / 60
     static_after = {r["seed"]: r["after"] for r in rows.get("static", [])}
     table = ["| arm | runs | held-out success after (mean +- 95% CI) | per seed | delta vs static (paired mean) | "
@@ -157,7 +170,7 @@ Command: `python bench/replicate.py --seeds {' '.join(map(str, args.seeds))} --s
 {args.heldout}`. Machine: {machine_line()}. Config: `configs/quickstart.yaml` with `run.max_steps={args.steps}`,
 `loop.eval_limit={args.heldout}` and the arm's overrides (bench/replicate.py `ARMS`). Held-out success before
 training: {before:.3f} (greedy, the same in every run). Wall time of this invocation: {total_minutes:.0f} minutes
-(finished runs are read back, not rerun).
+(finished runs are read back, not rerun).{f' Runs not yet done: {skipped} (stopped by --max-minutes; rerun the command to continue).' if skipped else ''}
 
 {text}
 

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from coevolve.policy.hf_backend import cache_keyword, common_prefix_length
+
 MIN_SHARED_TOKENS = 32
 """Below this, one extra forward call costs more than the shared tokens save."""
 
@@ -34,21 +36,8 @@ def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     """Tokens every row's (left-padded) prompt starts with, leaving each row at least its last prompt token (the
     position whose output scores the first completion token)."""
     starts = (attention_mask[:, :prompt_width] == 0).sum(dim=1)  # left padding per row
-    lengths = prompt_width - starts
-    shortest = int(lengths.min())
-    if shortest <= 1:
-        return 0
-    first = input_ids[0, int(starts[0]):int(starts[0]) + shortest - 1]
-    limit = shortest - 1
-    for row in range(1, input_ids.size(0)):
-        start = int(starts[row])
-        other = input_ids[row, start:start + limit]
-        differs = (other[:limit] != first[:limit]).nonzero()
-        if len(differs):
-            limit = int(differs[0])
-        if limit == 0:
-            return 0
-    return limit
+    return common_prefix_length([input_ids[row, int(start):prompt_width - 1].tolist()
+                                 for row, start in enumerate(starts)])
 
 
 def _cache(outputs: Any) -> Any:
@@ -94,8 +83,8 @@ def shared_prefix_logps(model: Any, input_ids: torch.Tensor, attention_mask: tor
     labels = suffix.masked_fill(suffix_mask == 0, -100)
     labels[:, :-logits_to_keep] = -100
     with autocast():
-        outputs = model(input_ids=suffix, attention_mask=full_mask, position_ids=position_ids, cache=cache,
-                        labels=labels, fused_lm_head=True)
+        outputs = model(input_ids=suffix, attention_mask=full_mask, position_ids=position_ids, labels=labels,
+                        fused_lm_head=True, **{cache_keyword(model): cache})
     logps = outputs.log_probs[:, -logits_to_keep:]
     entropies = outputs.entropy[:, -logits_to_keep:] if compute_entropy else None
     return logps, entropies

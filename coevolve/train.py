@@ -258,6 +258,14 @@ def slot_dataset(count: int) -> Any:
     return Dataset.from_dict({"prompt": [slot_name(i) for i in range(count)]})
 
 
+def checkpointing_argument(config_class: Any) -> str:
+    """`activation_checkpointing` (transformers >= 5.21) or `gradient_checkpointing` (5.20 and before)."""
+    import inspect
+
+    parameters = inspect.signature(config_class).parameters
+    return "activation_checkpointing" if "activation_checkpointing" in parameters else "gradient_checkpointing"
+
+
 def grpo_args(config: Config, output_dir: Path, num_processes: int = 1) -> Any:
     """Our config -> `trl.GRPOConfig`. One generation per optimizer step: all prompts_per_step x K trajectories
     are rolled out together, then consumed in micro-batches with gradient accumulation."""
@@ -294,7 +302,9 @@ def grpo_args(config: Config, output_dir: Path, num_processes: int = 1) -> Any:
         warmup_steps=grpo.warmup_steps,
         weight_decay=grpo.weight_decay,
         max_grad_norm=grpo.max_grad_norm,
-        activation_checkpointing=grpo.gradient_checkpointing,  # transformers 5's name; TRL's default is True
+        # TRL's default is True. transformers renamed the argument after 5.20 (the GPU hosts' pin, which vLLM 0.33
+        # requires); 5.24 reads the old name only as a deprecated alias, with a warning.
+        **{checkpointing_argument(GRPOConfig): grpo.gradient_checkpointing},
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=accumulation,
         steps_per_generation=accumulation,

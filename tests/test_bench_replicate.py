@@ -35,3 +35,42 @@ def test_every_arm_is_a_valid_config():
         assert config.run.mode == arm.split(" ")[0], arm
     assert load_config(str(replicate.CONFIG), replicate.ARMS["coevolve w/o forgetting"]).loop.signals == (
         "boundary", "rare")
+
+
+def _finished_run(folder: Path, before: float, after: float, added: int) -> None:
+    import json
+
+    folder.mkdir(parents=True)
+    lines = [{"heldout_success": before, "signals": {"forgetting": 0, "boundary": 0, "rare": 0}},
+             {"heldout_success": after, "signals": {"forgetting": 2, "boundary": 1, "rare": 0}}]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (folder / "summary.json").write_text(json.dumps({"tasks_added": added, "feedback_share": 0.05}))
+    (folder / "bench-seconds.txt").write_text("10.0\n")
+
+
+def test_finished_runs_are_read_back_and_paired_against_static(tmp_path, monkeypatch, capsys):
+    # Every run folder is finished, so no training starts (a subprocess would fail: no such config run here).
+    afters = {"static": [0.300, 0.250], "coevolve": [0.350, 0.325]}
+    for arm, values in afters.items():
+        for seed, after in enumerate(values):
+            _finished_run(tmp_path / f"{replicate.slug(arm)}-seed{seed}", 0.275, after, 3 if arm == "coevolve" else 0)
+    monkeypatch.setattr("sys.argv", ["replicate.py", "--seeds", "0", "1", "--arms", "static", "coevolve",
+                                     "--out", str(tmp_path), "--no-write"])
+    replicate.main()
+    table = {line.split(" | ")[0].lstrip("| "): line for line in capsys.readouterr().out.splitlines()
+             if line.startswith("| static") or line.startswith("| coevolve")}
+    # coevolve - static, paired by seed: (0.350 - 0.300 + 0.325 - 0.250) / 2 = +0.0625 -> "+0.062" or "+0.063"
+    assert " | +0.06" in table["coevolve"] and "0.350, 0.325" in table["coevolve"]
+    # two seeds: t(0.975, 1) = 12.706; sd of (0.300, 0.250) = 0.035355 -> half-width 12.706 x 0.035355 / sqrt 2
+    assert "0.275 +- 0.318" in table["static"] and "| - |" in table["static"]  # no delta of static against itself
+    assert "| 4 / 2 / 0 |" in table["coevolve"] and "| 3.0 |" in table["coevolve"] and "| 0.0 |" in table["static"]
+
+
+def test_max_minutes_starts_no_new_run(tmp_path, monkeypatch, capsys):
+    _finished_run(tmp_path / "static-seed0", 0.275, 0.300, 0)
+    monkeypatch.setattr("sys.argv", ["replicate.py", "--seeds", "0", "--arms", "static", "coevolve", "--out",
+                                     str(tmp_path), "--no-write", "--max-minutes", "1e-9"])
+    replicate.main()  # the coevolve run would start a training subprocess; over budget, it is left for the next call
+    out = capsys.readouterr().out
+    assert "| static | 1 |" in out and "| coevolve" not in out
+    assert not (tmp_path / "coevolve-seed0").exists()

@@ -85,3 +85,25 @@ def test_stop_tokens_and_per_row_budgets(tiny_model, tokenizer, prompts):
     assert [len(g.token_ids) for g in budgeted] == [1, 3, 8, 2]
     assert all(g.finish_reason == "length" for g in budgeted)
     assert [g.token_ids for g in budgeted] == [f.token_ids[:n] for f, n in zip(free, [1, 3, 8, 2])]
+
+
+def test_cache_keyword_follows_the_installed_transformers_name():
+    from coevolve.policy.hf_backend import cache_keyword
+
+    class Old:  # transformers <= 5.20 (the GPU hosts' pin)
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None): ...
+
+    class New:  # transformers 5.24 (our CPU pin)
+        def forward(self, input_ids=None, cache=None, use_cache=None): ...
+
+    class PeftWrapper:
+        def __init__(self, base):
+            self.base = base
+
+        def forward(self, *args, **kwargs): ...
+
+        def get_base_model(self):
+            return self.base
+
+    assert cache_keyword(Old()) == "past_key_values" and cache_keyword(New()) == "cache"
+    assert cache_keyword(PeftWrapper(Old())) == "past_key_values"

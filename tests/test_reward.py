@@ -28,12 +28,13 @@ def test_call_similarity_by_hand():
     assert call_similarity(call("cd", folder="a"), call("ls")) == 0.0
     assert call_similarity(call("ls"), call("ls")) == 1.0
     assert call_similarity(call("cd", folder="a"), call("cd", folder="a")) == 1.0
-    assert call_similarity(call("cd", folder="b"), call("cd", folder="a")) == 0.5
-    # keys {source, destination, extra}: one equal of three -> 1/2 + 1/2 x 1/3
+    assert call_similarity(call("cd", folder="b"), call("cd", folder="a")) == 0.0  # the name alone earns nothing
+    assert call_similarity(call("cat", folder="x"), call("cat", file_name="x")) == 0.0  # right value, wrong key
+    # keys {source, destination, extra}: one equal of three -> 1/3
     assert call_similarity(call("mv", source="x", destination="z", extra=1),
-                           call("mv", source="x", destination="y")) == pytest.approx(0.5 + 0.5 / 3)
+                           call("mv", source="x", destination="y")) == pytest.approx(1 / 3)
     # positional arguments count as keys "#0", ...: ("a",) vs folder="a" share nothing
-    assert call_similarity(ToolCall("cd", {}, ("a",)), call("cd", folder="a")) == 0.5
+    assert call_similarity(ToolCall("cd", {}, ("a",)), call("cd", folder="a")) == 0.0
 
 
 def test_turn_match_counts_missing_and_extra_calls():
@@ -41,7 +42,7 @@ def test_turn_match_counts_missing_and_extra_calls():
     assert turn_match(truth, truth) == 1.0
     assert turn_match([call("ls")], truth) == 0.5                       # one of two, exactly
     assert turn_match([call("ls"), call("cd", folder="a")], truth) == 1.0   # order does not matter
-    assert turn_match([call("cd", folder="b"), call("ls"), call("pwd")], truth) == pytest.approx(1.5 / 3)
+    assert turn_match([call("cd", folder="b"), call("ls"), call("pwd")], truth) == pytest.approx(1 / 3)
     assert turn_match([], truth) == 0.0
     assert turn_match([call("pwd")], []) == 0.0 and turn_match([], []) == 1.0
     # one agent call cannot answer two truth calls
@@ -62,7 +63,7 @@ def test_graded_reward_keeps_solving_first():
     wrong_argument = trajectory([[call("cd", folder="b")]])
     nothing = trajectory([[]])
     rewards = [training_reward(t, gold, "graded", 0.5) for t in (solved, close, wrong_argument, nothing)]
-    assert rewards == [1.0, 0.25, 0.125, 0.0]
+    assert rewards == [1.0, 0.25, 0.0, 0.0]
     assert [training_reward(t, gold, "env") for t in (solved, close)] == [1.0, 0.0]
     with pytest.raises(ValueError):
         training_reward(solved, gold, "dense")

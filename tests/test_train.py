@@ -174,3 +174,19 @@ def test_a_run_that_trains_no_step_is_an_error(tmp_path, ls_policy_dir, tasks_fi
     monkeypatch.setattr(trl.GRPOTrainer, "train", lambda self, **kwargs: None)
     with pytest.raises(TrainingError, match="no step was trained"):
         run(str(CONFIG), overrides(ls_policy_dir, tasks_file, "run.max_steps=2"), str(tmp_path / "run"))
+
+
+def test_checkpointing_argument_follows_the_installed_transformers_name():
+    from trl import GRPOConfig
+
+    from coevolve.train import checkpointing_argument
+
+    class Old:  # transformers <= 5.20
+        def __init__(self, gradient_checkpointing=False): ...
+
+    class New:
+        def __init__(self, activation_checkpointing=False, gradient_checkpointing=None): ...
+
+    assert checkpointing_argument(Old) == "gradient_checkpointing"
+    assert checkpointing_argument(New) == "activation_checkpointing"
+    assert checkpointing_argument(GRPOConfig) == "activation_checkpointing"  # transformers 5.24, our CPU pin

@@ -27,7 +27,7 @@ def _skip_reason() -> str | None:
     try:
         import vllm  # noqa: F401
     except ImportError:
-        return "vllm is not installed (pip install -r requirements/gpu.txt on a GPU host)"
+        return "vllm is not installed (on a GPU host: bash bench/gpu.sh --setup, then run pytest with .venv-gpu)"
     return None
 
 

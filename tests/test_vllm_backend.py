@@ -22,7 +22,7 @@ def has_cuda() -> bool:
 
 @pytest.mark.skipif(HAS_VLLM, reason="vllm is installed here; the missing-package message cannot be shown")
 def test_missing_vllm_names_the_fix(tokenizer):
-    with pytest.raises(BackendUnavailable, match="pip install vllm"):
+    with pytest.raises(BackendUnavailable, match="bench/gpu.sh --setup"):
         VLLMBackend("unused", tokenizer)
 
 

@@ -84,8 +84,9 @@ class VLLMBackend:
             import vllm  # noqa: F401
         except ImportError as error:
             raise BackendUnavailable(
-                f"the vllm backend needs the `vllm` package and a CUDA GPU ({error}); install it on a GPU host "
-                "(pip install vllm), or choose --backend transformers"
+                f"the vllm backend needs the `vllm` package and a CUDA GPU ({error}); on a GPU host, "
+                "`bash bench/gpu.sh --setup` builds .venv-gpu with it (requirements/gpu.txt); or choose "
+                "--backend transformers"
             ) from None
         from vllm import LLM
 

@@ -39,6 +39,17 @@ def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
     return limit
 
 
+def cache_keyword(model: Any) -> str:
+    """The forward keyword that takes a key/value cache: `cache` since transformers renamed `past_key_values`
+    (after 5.20; our CPU pin 5.24 has `cache`, the GPU hosts' 5.20.2, which vLLM 0.33 requires, has the old
+    name). Passed under the wrong name, the cache reaches the attention layers but not the mask, which then
+    covers the new tokens only."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft wrapper
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
 def _filter_logits(logits: Any, top_k: int, top_p: float) -> Any:
     import torch
 
@@ -61,6 +72,7 @@ class TransformersBackend:
         self.model = model
         self.tokenizer = tokenizer
         self.share_prefill = share_prefill
+        self.cache_keyword = cache_keyword(model)
         self.prefill_tokens = 0
         """Prompt tokens actually run through the model (a counter the benchmark reads)."""
 
@@ -70,7 +82,7 @@ class TransformersBackend:
 
     def _forward(self, input_ids: Any, cache: Any, attention_mask: Any = None, position_ids: Any = None) -> Any:
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         cache=cache, use_cache=True, logits_to_keep=1)
+                         use_cache=True, logits_to_keep=1, **{self.cache_keyword: cache})
         return out.logits[:, -1, :]
 
     def _prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[Any, Any, Any]:
