@@ -66,7 +66,7 @@ gpu-wheels:
 	$(PYTHON) -m pip download -q -d $(WHEELHOUSE) -r $(WHEELHOUSE)/requirements.txt
 	$(PYTHON) -m pip download -q -d $(WHEELHOUSE) --no-deps -r requirements/nodeps.txt
 
-# The small-scale replication of the paper's ablation table (bench/replicate.py; resumable, ~2 hours on 2 cores).
+# The small-scale replication of the paper's ablation table (bench/replicate.py; resumable, ~110 minutes on 2 cores).
 replicate: venv
 	$(BIN)/python bench/replicate.py --seeds 0 1 2
 

@@ -119,6 +119,9 @@ def rollout_rows(args: argparse.Namespace, model_dir: str) -> dict[str, dict]:
         backend = VLLMBackend(model_dir, tokenizer, gpu_memory_utilization=0.3, dtype="bfloat16")
         rows["vllm"] = measure_rollouts(backend, env, tasks, renderer, args.group_size, args.max_new_tokens,
                                         args.rounds)
+        del backend  # its GPU memory goes back before the iteration runs start their own engine
+        gc.collect()
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -134,7 +137,10 @@ def train_row(args: argparse.Namespace, model_dir: str, use_vllm: bool, out: Pat
     env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": "29541", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     started = time.perf_counter()
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.train_timeout)
+    try:
+        done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.train_timeout)
+    except subprocess.TimeoutExpired:
+        return {"seconds": time.perf_counter() - started, "error": [f"timed out after {args.train_timeout} s"]}
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         return {"seconds": seconds, "error": (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]}

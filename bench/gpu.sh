@@ -19,6 +19,7 @@ requirements() {
     local pinned
     pinned=$(sed -n 's/^\([A-Za-z0-9_.-]*\)==.*/\1/p' requirements/gpu.txt | paste -sd'|')
     grep -Ev "^($pinned)==" requirements/base.txt
+    cat requirements/test.txt  # so the GPU tests run there too: .venv-gpu/bin/python -m pytest -m gpu
 }
 if [ "${1:-}" = "--requirements" ]; then requirements; exit 0; fi
 FROM=()
@@ -31,8 +32,8 @@ command -v nvidia-smi >/dev/null 2>&1 || echo "warning: no nvidia-smi here; benc
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 if [ ! -f "$VENV/.installed" ]; then
     requirements > "$VENV/requirements.txt"
-    "${PIP[@]}" install "${FROM[@]}" -r "$VENV/requirements.txt"
-    "${PIP[@]}" install "${FROM[@]}" --no-deps -r requirements/nodeps.txt
+    "${PIP[@]}" install ${FROM[@]+"${FROM[@]}"} -r "$VENV/requirements.txt"
+    "${PIP[@]}" install ${FROM[@]+"${FROM[@]}"} --no-deps -r requirements/nodeps.txt
     touch "$VENV/.installed"
 fi
 if [ "${1:-}" = "--setup" ]; then echo "$VENV is ready (run the package with PYTHONPATH=$PWD)"; exit 0; fi

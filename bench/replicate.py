@@ -18,7 +18,13 @@ same held-out tasks).
 
 Resumable: each run has its own directory under `--out`; a finished run (summary.json present) is read, not rerun;
 an interrupted one is continued with `--resume`. Usage:
-`python bench/replicate.py [--seeds 0 1 2] [--steps 12] [--heldout 40] [--arms ...] [--no-write]`.
+`python bench/replicate.py [--seeds 0 1 2] [--steps 6] [--steps-per-iteration 3] [--heldout 40] [--arms ...]
+[--max-minutes M] [--no-write]`.
+
+Budget (measured on 2 cores): a run costs ~110 s (start-up, two held-out passes of 40 tasks) + ~33 s per GRPO step
+of 4 tasks x K=4. 21 training runs (7 arms x 3 seeds) + one zero-shot evaluation: ~110 minutes at 6 steps (two
+iterations of 3, so the tasks the feedback phase adds after the first are trained on in the second), ~130 at 8.
+Hence 6 steps: the 2-hour limit with a margin.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import statistics
 import subprocess
 import sys
@@ -61,13 +68,37 @@ def slug(arm: str) -> str:
     return arm.replace(" ", "-").replace("/", "")
 
 
-def run_arm(arm: str, seed: int, steps: int, heldout: int, out: Path) -> dict:
+def config_differences(saved: Path, overrides: list[str]) -> list[str]:
+    """Settings in which a run folder's resolved config differs from what this invocation asks for (a changed
+    configs/quickstart.yaml, or other --steps), so that old runs are never read back as new ones."""
+    from coevolve.config import load_config
+
+    def flat(config: dict, prefix: str = "") -> dict:
+        items = {}
+        for key, value in config.items():
+            if isinstance(value, dict):
+                items.update(flat(value, f"{prefix}{key}."))
+            else:
+                items[f"{prefix}{key}"] = value
+        return items
+
+    have, want = flat(load_config(saved).to_dict()), flat(load_config(str(CONFIG), overrides).to_dict())
+    return sorted(key for key in set(have) | set(want) if key != "run.output_dir" and have.get(key) != want.get(key))
+
+
+def run_arm(arm: str, seed: int, steps: int, heldout: int, out: Path, steps_per_iteration: int = 3) -> dict:
     """One run (resumed if it was interrupted, read back if it finished)."""
     folder = out / f"{slug(arm)}-seed{seed}"
+    overrides = [f"run.seed={seed}", f"run.max_steps={steps}", f"loop.eval_limit={heldout}",
+                 f"loop.steps_per_iteration={steps_per_iteration}", *ARMS[arm]]
+    if (folder / "config.yaml").exists():
+        changed = config_differences(folder / "config.yaml", overrides)
+        if changed:
+            raise SystemExit(f"{folder} was run with other settings ({', '.join(changed)}); delete it or pick "
+                             "another --out")
     if not (folder / "summary.json").exists():
         command = [str(REPO / ".venv" / "bin" / "coevolve"), "train", "--config", str(CONFIG), "--output-dir",
-                   str(folder), f"run.seed={seed}", f"run.max_steps={steps}", f"loop.eval_limit={heldout}",
-                   *ARMS[arm]]
+                   str(folder), *overrides]
         if folder.exists():
             command.append("--resume")
         started = time.perf_counter()
@@ -75,6 +106,9 @@ def run_arm(arm: str, seed: int, steps: int, heldout: int, out: Path) -> dict:
         if done.returncode != 0:
             raise SystemExit(f"{arm} seed {seed} failed:\n{done.stderr[-3000:]}")
         (folder / "bench-seconds.txt").write_text(f"{time.perf_counter() - started:.1f}\n")
+    # The table needs the run's logs, not its optimizer state: ~1.6 GB of checkpoints per run would fill a disk
+    # over 22 runs (final/ keeps the trained weights).
+    shutil.rmtree(folder / "checkpoints", ignore_errors=True)
     metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
     summary = json.loads((folder / "summary.json").read_text())
     after = next(m["heldout_success"] for m in reversed(metrics) if m["heldout_success"] is not None)
@@ -105,7 +139,8 @@ def wilson(successes: float, total: int) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps-per-iteration", type=int, default=3)
     parser.add_argument("--heldout", type=int, default=40)
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--out", default=str(REPO / "runs" / "replicate"))
@@ -129,7 +164,7 @@ def main() -> None:
             if over_budget and not (folder / "summary.json").exists():
                 skipped += 1
                 continue
-            result = run_arm(arm, seed, args.steps, args.heldout, out)
+            result = run_arm(arm, seed, args.steps, args.heldout, out, args.steps_per_iteration)
             rows[arm].append(result)
             print(json.dumps(result), flush=True)
     rows = {arm: results for arm, results in rows.items() if results}
@@ -145,7 +180,7 @@ def main() -> None:
             interval = f"{afters[0]:.3f} [{low:.3f}, {high:.3f}] (Wilson, tasks)"
         else:
             mean, half = t_interval(afters)
-            interval = f"{mean:.3f} +- {half:.3f}"
+            interval = f"{mean:.3f} +- {half:.3f}" if len(afters) > 1 else f"{mean:.3f} (one seed: no interval)"
         paired = [r["after"] - static_after[r["seed"]] for r in results if r["seed"] in static_after]
         delta = f"{statistics.mean(paired):+.3f}" if paired and arm not in ("static", "zero-shot") else "-"
         signals = {kind: sum(r["signals"][kind] for r in results) for kind in ("forgetting", "boundary", "rare")}
@@ -155,6 +190,18 @@ def main() -> None:
             f"{statistics.mean(r['feedback_share'] for r in results):.2%} | "
             f"{signals['forgetting']} / {signals['boundary']} / {signals['rare']} | {PAPER_BFCL.get(arm, '-')} |")
     before = rows[next(iter(rows))][0]["before"]
+    training = [r["seconds"] for arm, results in rows.items() if arm != "zero-shot" for r in results]
+    zero_seconds = sum(r["seconds"] for r in rows.get("zero-shot", []))
+    run_minutes = (sum(training) + zero_seconds) / 60
+    per_run = statistics.mean(training) if training else float("nan")
+    fired = {kind: sum(r["signals"][kind] for r in rows.get("coevolve", [])) for kind in ("forgetting", "boundary",
+                                                                                          "rare")}
+    silent = [kind for kind, count in fired.items() if f"coevolve w/o {kind}" in rows and count == 0]
+    if silent and "coevolve" in rows:
+        # Same seed, same settings, and the dropped signal never fired: the ablation cannot differ from coevolve.
+        table += ["", f"The coevolve runs never raised {' or '.join(silent)} signals, so coevolve without "
+                  f"{'/'.join(silent)} ran the same loop (same seeds: same results); these rows test nothing at "
+                  "this budget."]
     text = "\n".join(table)
     print(text)
     if args.no_write:
@@ -166,11 +213,13 @@ Question: does the paper's ordering (zero-shot < static GRPO < + synthetic < + r
 forgetting the most valuable signal) hold for SmolLM2-135M on BFCL-lite at equal rollout budget? Baseline:
 the static arm, same seed (paired).
 
-Command: `python bench/replicate.py --seeds {' '.join(map(str, args.seeds))} --steps {args.steps} --heldout
-{args.heldout}`. Machine: {machine_line()}. Config: `configs/quickstart.yaml` with `run.max_steps={args.steps}`,
+Command: `python bench/replicate.py --seeds {' '.join(map(str, args.seeds))} --steps {args.steps}
+--steps-per-iteration {args.steps_per_iteration} --heldout {args.heldout}`. Machine: {machine_line()}. Config:
+`configs/quickstart.yaml` with `run.max_steps={args.steps}`, `loop.steps_per_iteration={args.steps_per_iteration}`,
 `loop.eval_limit={args.heldout}` and the arm's overrides (bench/replicate.py `ARMS`). Held-out success before
 training: {before:.3f} (greedy, the same in every run). Wall time of this invocation: {total_minutes:.0f} minutes
-(finished runs are read back, not rerun).{f' Runs not yet done: {skipped} (stopped by --max-minutes; rerun the command to continue).' if skipped else ''}
+(finished runs are read back, not rerun). The runs in the table took {run_minutes:.0f} minutes in all ({per_run:.0f} s per
+training run on average; the zero-shot evaluation {zero_seconds:.0f} s).{f' Runs not yet done: {skipped} (stopped by --max-minutes; rerun the command to continue).' if skipped else ''}
 
 {text}
 

@@ -46,6 +46,7 @@ def _finished_run(folder: Path, before: float, after: float, added: int) -> None
     (folder / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     (folder / "summary.json").write_text(json.dumps({"tasks_added": added, "feedback_share": 0.05}))
     (folder / "bench-seconds.txt").write_text("10.0\n")
+    (folder / "checkpoints" / "checkpoint-6").mkdir(parents=True)
 
 
 def test_finished_runs_are_read_back_and_paired_against_static(tmp_path, monkeypatch, capsys):
@@ -64,6 +65,7 @@ def test_finished_runs_are_read_back_and_paired_against_static(tmp_path, monkeyp
     # two seeds: t(0.975, 1) = 12.706; sd of (0.300, 0.250) = 0.035355 -> half-width 12.706 x 0.035355 / sqrt 2
     assert "0.275 +- 0.318" in table["static"] and "| - |" in table["static"]  # no delta of static against itself
     assert "| 4 / 2 / 0 |" in table["coevolve"] and "| 3.0 |" in table["coevolve"] and "| 0.0 |" in table["static"]
+    assert not any(tmp_path.glob("*/checkpoints"))  # optimizer states go once a run is finished (disk space)
 
 
 def test_max_minutes_starts_no_new_run(tmp_path, monkeypatch, capsys):
@@ -74,3 +76,30 @@ def test_max_minutes_starts_no_new_run(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "| static | 1 |" in out and "| coevolve" not in out
     assert not (tmp_path / "coevolve-seed0").exists()
+
+
+def test_a_run_folder_from_other_settings_is_refused_not_read_back(tmp_path, monkeypatch):
+    from coevolve.config import load_config, write_config
+
+    folder = tmp_path / "static-seed0"
+    _finished_run(folder, 0.275, 0.300, 0)
+    same = ["run.seed=0", "run.max_steps=6", "loop.eval_limit=40", "loop.steps_per_iteration=3", "run.mode=static"]
+    write_config(load_config(str(replicate.CONFIG), same), folder / "config.yaml")
+    assert replicate.run_arm("static", 0, 6, 40, tmp_path, 3)["after"] == 0.300  # same settings: read back
+    write_config(load_config(str(replicate.CONFIG), [*same, "grpo.reward=env"]), folder / "config.yaml")
+    with pytest.raises(SystemExit, match="grpo.reward"):
+        replicate.run_arm("static", 0, 6, 40, tmp_path, 3)
+    with pytest.raises(SystemExit, match="run.max_steps"):
+        replicate.run_arm("static", 0, 8, 40, tmp_path, 3)
+
+
+def test_the_section_names_the_runs_left_and_their_time(tmp_path, monkeypatch, capsys):
+    written = {}
+    _finished_run(tmp_path / "static-seed0", 0.275, 0.300, 0)
+    monkeypatch.setattr(replicate, "write_section", lambda name, text: written.update({name: text}))
+    monkeypatch.setattr("sys.argv", ["replicate.py", "--seeds", "0", "--arms", "static", "coevolve", "--out",
+                                     str(tmp_path), "--max-minutes", "1e-9"])
+    replicate.main()
+    text = written["replicate"]
+    assert "Runs not yet done: 1" in text and "10 s per\ntraining run" in text
+    assert "| static | 1 | 0.300 (one seed: no interval) |" in text
