@@ -5,8 +5,8 @@ only from groups whose K rewards differ, and a small model on BFCL-lite fails mo
 quickstart's SmolLM2-135M at T=0.5: 17 of 24 held-out tasks 0 of 8 samples right, BENCHMARKS.md): most groups
 carry no signal. `graded` (an option, not the paper's objective) keeps a solved trajectory at 1 and gives an
 unsolved one `partial_credit x call_match(...)` < 1, so a sample that makes some of the right calls, or the right
-call with some of its arguments right, ranks above one that does not. Fine-grained tool-call rewards of this kind are what ToolRL
-(Qian et al., 2025) found to help small models; the held-out metric stays the env's binary success.
+call with some of its arguments right, ranks above one that does not. Fine-grained tool-call rewards of this kind
+are what ToolRL (Qian et al., 2025) found to help small models; the held-out metric stays the env's binary success.
 
 call_match, per user turn, then averaged over the turns that have ground-truth calls:
 
@@ -18,8 +18,8 @@ call_match, per user turn, then averaged over the turns that have ground-truth c
 Dividing by the larger count means extra calls cost credit as missing ones do. The tool's name alone earns nothing
 (measured: with 1/2 for the name, GRPO reinforced right-name calls with wrong argument keys, and SmolLM2 moved to
 `folder=` for every tool, `cat(folder=...)` included: 15 of 16 calls at step 8, held-out success 0.275 -> 0.025
-after 8 static steps). Positional arguments count as
-keys "#0", "#1", ... Values compare by equality (the parsed literals). Pure functions, tested by hand.
+after 8 static steps). Positional arguments count as keys "#0", "#1", ... Values compare by equality (the parsed
+literals). Pure functions, tested by hand.
 """
 
 from __future__ import annotations
