@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: venv test-venv quickstart test bench bench-gpu gpu-wheels replicate clean browser
+.PHONY: venv test-venv appworld-venv quickstart test bench bench-gpu gpu-wheels replicate clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,13 +27,24 @@ venv: $(VENV)/.installed
 
 test-venv: $(VENV)/.installed-test
 
+# AppWorld in its own venv (it pins pydantic 1): coevolve talks to it through coevolve/envs/appworld_worker.py.
+# `appworld install` unpacks its apps offline; its tasks come from `appworld download data` (internet).
+APPWORLD_VENV ?= .venv-appworld
+$(APPWORLD_VENV)/.installed: requirements/appworld.txt
+	$(PYTHON) -m venv $(APPWORLD_VENV)
+	$(APPWORLD_VENV)/bin/python -m pip --disable-pip-version-check -q install -r requirements/appworld.txt
+	$(APPWORLD_VENV)/bin/appworld install
+	touch $@
+
+appworld-venv: $(APPWORLD_VENV)/.installed
+
 # The main job: the CoEvolve loop on BFCL-lite with the shipped SmolLM2, offline on the CPU (configs/quickstart.yaml):
 # held-out success before and after, the feedback phase's share of the time, and runs/quickstart/report.html.
 quickstart: venv
 	$(BIN)/coevolve train --config configs/quickstart.yaml --output-dir runs/quickstart $(if $(wildcard runs/quickstart/metrics.jsonl),--resume,)
 
 # pytest exits 5 when it collected no test: make treats every non-zero exit as failure, so that fails too.
-test: test-venv browser
+test: test-venv appworld-venv browser
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # The report test renders report.html in headless Chromium (Debian's package); as root we install it, otherwise
@@ -71,4 +82,4 @@ replicate: venv
 	$(BIN)/python bench/replicate.py --seeds 0 1 2
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(APPWORLD_VENV) .pytest_cache .hypothesis

@@ -3,6 +3,7 @@
     coevolve eval --env bfcl --category multi_turn_base --policy oracle|replay:FILE [--json] [--limit N]
     coevolve eval --env bfcl-lite --split test --policy model:smollm2 [--backend transformers|vllm|openai]
                   [--samples K] [--format python|hermes] [--demos N] [--temperature T]
+    coevolve eval --env appworld --split test_normal --policy oracle|replay:FILE|model:... (TGC and SGC)
     coevolve serve --model smollm2 [--port 8000]
     coevolve train --config configs/lite-static.yaml [--output-dir DIR] [--resume] [section.key=value ...]
     coevolve pool DIR [--json] [--iteration T] [--source seed|synthetic]
@@ -28,10 +29,11 @@ class UsageError(Exception):
 
 def _eval_parser(subparsers) -> None:
     parser = subparsers.add_parser("eval", help="score a policy on an environment's tasks")
-    parser.add_argument("--env", default="bfcl", help="environment name: bfcl (default) or bfcl-lite")
+    parser.add_argument("--env", default="bfcl", help="environment name: bfcl (default), bfcl-lite or appworld")
     parser.add_argument("--category", default=None,
                         help="bfcl: base (default), miss_func, miss_param, long_context (multi_turn_ prefix optional)")
-    parser.add_argument("--split", default=None, help="bfcl-lite: train (default) or test")
+    parser.add_argument("--split", default=None, help="bfcl-lite: train (default) or test; appworld: train, dev, "
+                                                      "test_normal or test_challenge")
     parser.add_argument("--policy", required=True,
                         help="oracle | replay:FILE | model:ID_OR_PATH (model:smollm2 = the shipped offline model; "
                              "with --backend openai, the served model's name)")
@@ -91,11 +93,20 @@ def run_eval(args: argparse.Namespace) -> int:
     else:
         raise UsageError(f"unknown policy {args.policy!r}; use oracle, replay:FILE or model:ID_OR_PATH")
     report = evaluate(env, tasks, script_for, args.policy, getattr(env, "category", ""))
-    if args.json:
-        print(json.dumps(report.to_dict()))
-    else:
-        _print_report(report)
+    _show(report, env, args.json)
     return 0
+
+
+def _show(report, env, as_json: bool) -> None:
+    """The report, with the env's own metrics when it has some (AppWorld: TGC and SGC)."""
+    extra = env.metrics(report.per_task()) if hasattr(env, "metrics") else {}
+    if as_json:
+        print(json.dumps({**report.to_dict(), **extra}))
+        return
+    _print_report(report)
+    if extra:
+        print("  ".join(f"{key} {value:.4f}" if isinstance(value, float) else f"{key} {value}"
+                        for key, value in extra.items()))
 
 
 def _eval_model(args: argparse.Namespace, env, options: dict) -> int:
@@ -125,10 +136,7 @@ def _eval_model(args: argparse.Namespace, env, options: dict) -> int:
                            sampling=SamplingConfig(temperature=args.temperature, seed=args.seed))
     report, _ = _with_progress(lambda progress: evaluate_model(
         env, tasks, backend, renderer, config, args.policy, getattr(env, "category", ""), progress), quiet=args.json)
-    if args.json:
-        print(json.dumps(report.to_dict()))
-    else:
-        _print_report(report)
+    _show(report, env, args.json)
     return 0
 
 
@@ -280,6 +288,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.handler(args)
     except UsageError as error:
+        print(f"coevolve {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as error:  # an env that cannot run here (AppWorld without its venv or data) says why
+        from coevolve.envs.base import EnvUnavailable
+
+        if not isinstance(error, EnvUnavailable):
+            raise
         print(f"coevolve {args.command}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
 

@@ -58,6 +58,9 @@ class EnvSection:
     tasks_file: str | None = None
     """D_0 from a JSON-lines file of tasks (`Task.to_json`, e.g. exported from a pool) instead of the env's split;
     the tasks must run in this env."""
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """More keyword arguments for the env's constructor (AppWorld: root, python, step_timeout_s, dense_reward,
+    max_workers; see `coevolve.envs.appworld.AppWorldConfig`)."""
 
 
 @dataclass(frozen=True)
@@ -206,6 +209,8 @@ class FeedbackSection:
     """Near-duplicate threshold on (query + solution similarity) / 2; see coevolve.validate."""
     check_execution: bool = True
     """False: the paper's no-validation ablation (shape, safety and duplicate checks only)."""
+    max_call_chars: int = 512
+    """Longest call in a synthesized solution (AppWorld's calls carry whole code cells: raise it there)."""
     llm_base_url: str | None = None
     llm_model: str = "local"
     llm_api_key_env: str = "OPENAI_API_KEY"
@@ -290,6 +295,10 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         if value is None:
             return None
         raise ConfigError(f"{key}: expected null, got {value!r}")
+    if origin is dict:
+        if not isinstance(value, Mapping) or not all(isinstance(name, str) for name in value):
+            raise ConfigError(f"{key}: expected a mapping with string keys, got {value!r}")
+        return dict(value)
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {value!r}")
@@ -335,20 +344,28 @@ def from_dict(data: Mapping[str, Any] | None) -> Config:
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """`section.key=value` strings; the value is read as YAML (`4`, `1e-6`, `true`, `null`, `[a, b]`)."""
+    """`section.key=value` strings; the value is read as YAML (`4`, `1e-6`, `true`, `null`, `[a, b]`). A mapping
+    field takes one more level: `env.options.root=/data/appworld`."""
     import yaml
 
     data = {name: dict(values or {}) for name, values in data.items()}
     for override in overrides:
         key, sep, text = override.partition("=")
         parts = key.strip().split(".")
-        if not sep or len(parts) != 2 or not all(parts):
+        if not sep or len(parts) not in (2, 3) or not all(parts):
             raise ConfigError(f"override {override!r}: expected section.key=value, e.g. grpo.learning_rate=1e-6")
         try:
             value = yaml.safe_load(text) if text.strip() else ""
         except yaml.YAMLError as error:
             raise ConfigError(f"override {override!r}: {error}") from None
-        data.setdefault(parts[0], {})[parts[1]] = value
+        section = data.setdefault(parts[0], {})
+        if len(parts) == 3:
+            inner = section.get(parts[1])
+            if inner is not None and not isinstance(inner, Mapping):
+                raise ConfigError(f"override {override!r}: {parts[0]}.{parts[1]} is not a mapping")
+            section[parts[1]] = {**(inner or {}), parts[2]: value}
+        else:
+            section[parts[1]] = value
     return data
 
 

@@ -203,4 +203,5 @@ def build_feedback(section: Any, env: Env, known: Sequence[Task] = (), policy_ba
 def validation_config(section: Any) -> ValidationConfig:
     """The validator's settings from a `FeedbackSection`."""
     return ValidationConfig(dedup_threshold=section.dedup_threshold, check_execution=section.check_execution,
-                            max_solution_calls=max(section.max_solution_calls, 1))
+                            max_solution_calls=max(section.max_solution_calls, 1),
+                            max_call_chars=section.max_call_chars)

@@ -39,6 +39,7 @@ feedback log replaces that iteration's lines, so nothing is lost or admitted twi
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import time
@@ -49,7 +50,7 @@ from typing import Any, Callable, Mapping, Sequence
 from accelerate import PartialState
 
 from coevolve.config import Config, ConfigError, load_config, write_config
-from coevolve.envs import make_env
+from coevolve.envs import ENVS, make_env
 from coevolve.envs.base import Env
 from coevolve.explore import random_contexts
 from coevolve.feedback import FeedbackResult, build_feedback, feedback_phase, signal_contexts, validation_config
@@ -114,9 +115,17 @@ def _is_main_process() -> bool:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def _takes_split(name: str) -> bool:
+    """Whether env `name` has splits (bfcl-lite, appworld); BFCL's are categories."""
+    try:
+        return "split" in inspect.signature(ENVS.get(name)).parameters
+    except KeyError:
+        return False
+
+
 def build_env(config: Config) -> Env:
-    options: dict[str, Any] = {}
-    if config.env.split is not None and config.env.name == "bfcl-lite":
+    options: dict[str, Any] = dict(config.env.options)
+    if config.env.split is not None and _takes_split(config.env.name):
         options["split"] = config.env.split
     if config.env.category is not None:
         options["category"] = config.env.category
@@ -190,8 +199,8 @@ def build_eval(config: Config, env: Env) -> tuple[Env, list[Task]]:
     """The fixed held-out set: the eval env (the training env unless `loop.eval_env`), its split, the first N."""
     section = config.loop
     name = section.eval_env or config.env.name
-    options: dict[str, Any] = {}
-    if section.eval_split is not None and name == "bfcl-lite":
+    options: dict[str, Any] = dict(config.env.options) if name == config.env.name else {}
+    if section.eval_split is not None and _takes_split(name):
         options["split"] = section.eval_split
     category = section.eval_category or (config.env.category if name == config.env.name else None)
     if category is not None:

@@ -15,6 +15,9 @@ Stage 1, shape and safety (nothing runs):
     path_escape        a string argument that is an absolute or home path, has a `..` segment, a backslash or NUL
     unsafe_argument    a string argument with code or shell in it (`__import__`, `$(`, backticks, `; rm`, ...):
                        harmless to our dispatch, but a task that teaches it is not one we want
+    An env whose tool arguments are not plain values checks them itself (`env.check_call(call) -> (code, detail)
+    | None`, replacing the two argument checks above): AppWorld's `execute(code=...)` cells are parsed with `ast`
+    and refused for imports, private names or introspection (`coevolve.envs.appworld.check_code`).
 Stage 2, duplicates:
     duplicate          a known task (the pool, and what this validator accepted before) with the same starting
                        point has `task_similarity` >= `dedup_threshold`; or, after execution, one of them gives
@@ -67,7 +70,8 @@ DEFAULT_UNSAFE_PATTERNS = (
 _PATH_ESCAPE = re.compile(r"^(?:/|~|[A-Za-z]:)|(?:^|/)\.\.(?:/|$)|\\|\x00")
 _CALL_HEAD = re.compile(r"^\s*\[?\s*([A-Za-z_][A-Za-z0-9_]*)\s*\(")
 _WORD = re.compile(r"[a-z0-9]+(?:['._-][a-z0-9]+)*")
-_EMPTY_RESULTS = frozenset({"", "None", "null", "{}", "[]", '""', "''"})
+_EMPTY_RESULTS = frozenset({"", "None", "null", "{}", "[]", '""', "''",
+                            "Execution successful."})  # AppWorld's answer to a cell that printed nothing
 
 
 @dataclass(frozen=True)
@@ -295,9 +299,15 @@ class Validator:
         except Exception as error:  # noqa: BLE001 - an initial state the env cannot load is the candidate's fault
             return [f"malformed: the env cannot start from this initial state ({type(error).__name__}: "
                     f"{str(error)[:160]})"]
+        env_check = getattr(self.env, "check_call", None)
         for index, call in enumerate(parsed, start=1):
             if call.name not in exposed:
                 reasons.append(f"unknown_function: call {index} calls {call.name!r}, not a tool of this task")
+            if env_check is not None:  # an env whose arguments are not plain values (AppWorld's code cells)
+                refusal = env_check(call) if call.name in exposed else None
+                if refusal is not None:
+                    reasons.append(f"{refusal[0]}: call {index} ({call.name}): {refusal[1]}")
+                continue
             for value in _string_values([dict(call.arguments), list(call.positional)]):
                 if _PATH_ESCAPE.search(value):
                     reasons.append(f"path_escape: call {index} ({call.name}) has the path {value[:60]!r}")

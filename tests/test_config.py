@@ -38,6 +38,8 @@ def test_overrides_apply_with_types(tmp_path):
     ("grpo.micro_batch_size=3", "grpo.micro_batch_size"),  # must divide prompts_per_step x group_size
     ("trainer.steps=3", "trainer"),
     ("learning_rate=3", "section.key=value"),
+    ("env.options=[1, 2]", "env.options"),                # a mapping field takes a mapping
+    ("env.split.x=1", "env.split"),                      # only a mapping field takes a third level
 ])
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
@@ -57,3 +59,21 @@ def test_bad_files(tmp_path):
 
 def test_defaults_are_a_valid_config():
     assert load_config(None) == Config()
+
+
+def test_env_options_reach_the_env(tmp_path):
+    """`env.options` (a mapping: one more override level) and the split go to envs that take them; AppWorld's
+    config is checked when the env is built, before anything runs."""
+    from coevolve.envs.appworld import AppWorldEnv
+    from coevolve.loop import build_env
+
+    config = load_config(CONFIGS[0].parent / "appworld-qwen3-4b.yaml",
+                         [f"env.options.root={tmp_path}", "env.options.step_timeout_s=7", "env.split=dev"])
+    assert config.env.options["root"] == str(tmp_path) and config.env.options["max_workers"] == 64
+    write_config(config, tmp_path / "config.yaml")
+    assert load_config(tmp_path / "config.yaml") == config
+    env = build_env(config)
+    assert isinstance(env, AppWorldEnv) and env.config.split == "dev" and env.config.step_timeout_s == 7
+    assert env.config.data_root() == tmp_path.resolve()
+    with pytest.raises(ConfigError, match="step_timeout"):
+        build_env(load_config(None, ["env.name=appworld", "env.options.step_timeout_s=0"]))

@@ -7,7 +7,8 @@ from typing import Any
 from coevolve.envs.base import Env, Episode
 from coevolve.registry import Registry
 
-ENVS: Registry[Any] = Registry("env", builtins={"bfcl": "coevolve.envs.bfcl", "bfcl-lite": "coevolve.envs.bfcl_lite"})
+ENVS: Registry[Any] = Registry("env", builtins={"bfcl": "coevolve.envs.bfcl", "bfcl-lite": "coevolve.envs.bfcl_lite",
+                                           "appworld": "coevolve.envs.appworld"})
 
 
 def make_env(name: str, **options: Any) -> Env:

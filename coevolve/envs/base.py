@@ -69,6 +69,10 @@ class Env(Protocol):
     def reset(self, task: Task) -> Episode: ...
 
 
+class EnvUnavailable(RuntimeError):
+    """An env cannot run on this machine (a missing venv, missing data); the message names the fix."""
+
+
 ERROR_PREFIX = "Error during execution"
 
 
