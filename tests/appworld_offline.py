@@ -41,7 +41,8 @@ TASK_DATETIME = DateTime(2023, 5, 18, 12, 0, 0)
 REQUIREMENTS = ("assert answers match.", "assert model changes match simple_note.Note.",
                 "assert 1 simple_note.Note has been added, 0 updated, 0 removed.",
                 "assert the added note has the title and content from private_data and belongs to the supervisor.")
-SOLUTION = """password = [p for p in apis.supervisor.show_account_passwords() if p['account_name'] == 'simple_note'][0]['password']
+SOLUTION = """passwords = apis.supervisor.show_account_passwords()
+password = [p for p in passwords if p['account_name'] == 'simple_note'][0]['password']
 token = apis.simple_note.login(username=apis.supervisor.show_profile()['email'], password=password)['access_token']
 apis.simple_note.create_note(title={title!r}, content={content!r}, access_token=token)
 notes = apis.simple_note.search_notes(access_token=token, page_limit=20)
@@ -133,7 +134,7 @@ def build_task(data: str, task_id: str, title: str, content: str) -> None:
     with open(os.path.join(truth, "compiled_solution.py"), "w") as file:
         file.write(SOLUTION.format(title=title, content=content) + "\n")
     # minimal mode computes these counts from files it does not load, so they must be given
-    write_json({"difficulty": 1, "num_apps": 1, "num_apis": 5, "num_api_calls": 6, "num_solution_code_lines": 5},
+    write_json({"difficulty": 1, "num_apps": 1, "num_apis": 5, "num_api_calls": 6, "num_solution_code_lines": 6},
                os.path.join(truth, "metadata.json"), silent=True)
     write_json({"app": "simple_note"}, os.path.join(truth, "public_data.json"), silent=True)
     write_json({"note_title": title, "note_content": content}, os.path.join(truth, "private_data.json"), silent=True)

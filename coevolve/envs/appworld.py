@@ -77,7 +77,8 @@ def goal_completion(per_task: Mapping[str, float]) -> dict[str, float]:
     scenarios: dict[str, list[bool]] = {}
     for task_id, value in per_task.items():
         scenarios.setdefault(scenario_of(task_id), []).append(value >= 1.0)
-    return {"tgc": sum(per_task.values()) / len(per_task), "sgc": sum(all(s) for s in scenarios.values()) / len(scenarios),
+    scenarios_solved = sum(all(solved) for solved in scenarios.values())
+    return {"tgc": sum(per_task.values()) / len(per_task), "sgc": scenarios_solved / len(scenarios),
             "tasks": len(per_task), "scenarios": len(scenarios)}
 
 
@@ -150,6 +151,10 @@ def is_appworld_task(task: Task) -> bool:
     return task.name == task.initial_state.get("appworld_task")
 
 
+def _with_fix(error: AppWorldUnavailable, config: AppWorldConfig) -> AppWorldUnavailable:
+    return AppWorldUnavailable(f"{error}: run `{download_hint(config.data_root(), config.interpreter())}`")
+
+
 def opening_message(specs: Mapping[str, Any]) -> str:
     """The task as AppWorld's own prompts state it: the supervisor (whose accounts the agent uses), the request."""
     supervisor = specs.get("supervisor") or {}
@@ -177,8 +182,7 @@ class AppWorldEnv:
                 specs = worker.request("tasks", timeout_s=self.config.open_timeout_s, split=self.config.split,
                                        limit=self.config.limit)
             except AppWorldUnavailable as error:
-                raise AppWorldUnavailable(f"{error}: run `{download_hint(self.config.data_root(), self.config.interpreter())}`"
-                                          ) from None
+                raise _with_fix(error, self.config) from None
             finally:
                 self.pool.release(worker)
             self._tasks = [self._task(item) for item in specs]
@@ -239,8 +243,7 @@ class AppWorldEpisode:
             self._call("open", self.config.open_timeout_s, task_id=world, timeout_seconds=self.config.step_timeout_s)
         except AppWorldUnavailable as error:
             self.close()
-            raise AppWorldUnavailable(f"{error}: run `{download_hint(self.config.data_root(), self.config.interpreter())}`"
-                                      ) from None
+            raise _with_fix(error, self.config) from None
         except (WorkerFailed, RuntimeError) as error:  # a crashed start or an unknown world: scored 0, run goes on
             self.failure = self.failure or f"AppWorld could not open world {world!r}: {error}"
             self.close()
