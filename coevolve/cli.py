@@ -42,8 +42,9 @@ def _eval_parser(subparsers) -> None:
     model.add_argument("--backend", default="transformers", choices=("transformers", "vllm", "openai"))
     model.add_argument("--base-url", default=None, help="openai backend: the endpoint, e.g. http://localhost:8000/v1")
     model.add_argument("--samples", type=int, default=1, help="K samples per task (accuracy = mean success)")
-    model.add_argument("--format", dest="reply_format", default="python", choices=("python", "hermes"),
-                       help="tool-call format the model is prompted for (default: BFCL's Python-call list)")
+    model.add_argument("--format", dest="reply_format", default="python", choices=("python", "hermes", "code"),
+                       help="tool-call format the model is prompted for (default: BFCL's Python-call list; "
+                            "code = fenced code blocks, AppWorld's way)")
     model.add_argument("--tool-style", default="json", choices=("json", "signatures"),
                        help="tools in the system prompt as BFCL's JSON docs or one line per tool (~1/3 the tokens)")
     model.add_argument("--demos", type=int, default=0,

@@ -70,7 +70,8 @@ class ModelSection:
     dtype: str = "auto"
     device: str = "auto"
     reply_format: str = "python"
-    """How the model writes calls: `python` (BFCL's list of calls) or `hermes` (`<tool_call>` JSON)."""
+    """How the model writes calls: `python` (BFCL's list of calls), `hermes` (`<tool_call>` JSON) or `code` (fenced
+    code blocks, one action each: AppWorld's way)."""
     demos: int = 3
     """Worked examples (train tasks solved by their ground truth) in every prompt."""
     chat_template: str | None = None
@@ -251,7 +252,7 @@ class Config:
         _check(0.0 <= self.grpo.partial_credit < 1.0, "grpo.partial_credit", "a number in [0, 1)")
         _check(self.grpo.beta >= 0 and self.grpo.epsilon_low >= 0 and self.grpo.epsilon_high >= 0,
                "grpo.beta/epsilon_*", "must be >= 0")
-        _check(self.model.reply_format in ("python", "hermes"), "model.reply_format", "python or hermes")
+        _check(self.model.reply_format in ("python", "hermes", "code"), "model.reply_format", "python, hermes or code")
         _check(self.model.tool_style in ("json", "signatures"), "model.tool_style", "json or signatures")
         _check(self.vllm.mode in ("colocate", "server"), "vllm.mode", "colocate or server")
         _check(self.feedback.explorer in ("offline", "llm"), "feedback.explorer", "offline or llm")

@@ -42,8 +42,8 @@ def appworld_root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def env(appworld_root):
-    environment = AppWorldEnv(split="train", python=str(APPWORLD_PYTHON), root=str(appworld_root), step_timeout_s=5,
-                              grace_s=10.0)
+    environment = AppWorldEnv(split="train", python=str(APPWORLD_PYTHON), root=str(appworld_root), step_timeout_s=3,
+                              grace_s=5.0)
     yield environment
     environment.close()
 
@@ -95,7 +95,7 @@ def test_errors_timeouts_and_output_caps_are_observations(env, appworld_root):
     episode = env.reset(env.tasks()[1])
     [failed] = episode.act(["apis.simple_note.login(username='nobody', password='x')"])
     assert failed.error is not None and "Execution failed" in failed.observation
-    [slow] = episode.act(["while True:\n    pass"])  # AppWorld's own per-cell timeout (5 s here)
+    [slow] = episode.act(["while True:\n    pass"])  # AppWorld's own per-cell timeout (3 s here)
     assert slow.error is not None and "timed out" in slow.observation
     [refused] = episode.act(["import os\nos.system('echo hacked')"])  # AppWorld's safety guard, in its process
     assert refused.error is not None
@@ -113,9 +113,9 @@ def test_a_hung_or_crashed_process_scores_zero_and_is_replaced(env):
     task = env.tasks()[0]
     hung = env.reset(task)
     hung_process = hung._worker.process
-    os.kill(hung_process.pid, signal.SIGSTOP)  # stops answering: the client's deadline (5 + 10 s) kills it
+    os.kill(hung_process.pid, signal.SIGSTOP)  # stops answering: the client's deadline (3 + 5 s) kills it
     [step] = hung.act(["print(1)"])
-    assert "did not answer `execute` within 15 s" in step.error and hung.done
+    assert "did not answer `execute` within 8 s" in step.error and hung.done
     assert hung_process.poll() is not None
     score = hung.score()
     assert score.value == 0.0 and "did not answer" in score.reasons[0]
@@ -180,7 +180,7 @@ def test_a_synthesized_task_is_validated_in_a_fresh_world(env):
 
 def test_explore_abstract_validate_on_appworld(env, tokenizer, scripted):
     """The feedback phase's three steps through their usual interfaces: an LLM explorer (scripted replies in the
-    Python-call format) acts in the flagged task's world, the template abstractor turns its successful cells into
+    `code` format: fenced cells, AppWorld's way of acting) acts in the flagged task's world, the template abstractor turns its successful cells into
     candidates, and the validator executes them in fresh worlds."""
     from coevolve.abstract import TemplateAbstractor
     from coevolve.explore import ExploreConfig, LLMExplorer
@@ -193,10 +193,10 @@ def test_explore_abstract_validate_on_appworld(env, tokenizer, scripted):
 
     def reply_for(context_text):
         replies = context_text.count("<|im_start|>assistant") - 1
-        return f"[{as_call(cells[replies])}]" if replies < len(cells) else "Done."
+        return f"Next:\n```python\n{cells[replies]}\n```" if replies < len(cells) else "Done."
 
     context = ExplorationContext("ctx-aw", seed.id, "boundary", 1)
-    [episode] = LLMExplorer(scripted(tokenizer, reply_for), ChatRenderer(tokenizer, "python"),
+    [episode] = LLMExplorer(scripted(tokenizer, reply_for), ChatRenderer(tokenizer, "code"),
                             ExploreConfig(step_budget=3), max_new_tokens=400,
                             max_episode_tokens=8000).explore(env, [context], {seed.id: seed})
     assert [step.error for step in episode.steps] == [None, None], [s.observation for s in episode.steps]
@@ -221,8 +221,8 @@ def test_the_loop_trains_on_appworld(appworld_root, tmp_path, tiny_dir):
     settings = [f"model.name={tiny_dir}", "model.demos=0", "model.device=cpu", "env.name=appworld",
                 "env.split=train", f"env.options.root={appworld_root}", f"env.options.python={APPWORLD_PYTHON}",
                 "rollout.group_size=2", "rollout.max_new_tokens=8", "rollout.max_replies_per_turn=1",
-                "rollout.max_episode_tokens=64", "grpo.prompts_per_step=2", "run.max_steps=1", "run.save_steps=10",
-                "loop.steps_per_iteration=1", "loop.eval_split=train", "loop.eval_limit=2", "run.mode=coevolve",
+                "rollout.max_episode_tokens=64", "grpo.prompts_per_step=1", "run.max_steps=1", "run.save_steps=10",
+                "loop.steps_per_iteration=1", "loop.eval_split=train", "loop.eval_limit=1", "run.mode=coevolve",
                 "feedback.max_call_chars=4000"]
     result = run(None, settings, str(out), say=lambda text: None)
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

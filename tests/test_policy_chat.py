@@ -23,7 +23,7 @@ def test_bfcl_docs_become_json_schema_tools():
     assert parameters["properties"]["pair"] == {"type": "array", "items": {"type": "string"}}
 
 
-@pytest.mark.parametrize("reply_format", ["python", "hermes"])
+@pytest.mark.parametrize("reply_format", ["python", "hermes", "code"])
 def test_formatted_calls_split_and_parse_back(reply_format):
     docs = [{"name": "sort", "parameters": {"properties": {"file_name": {"type": "string"}}}}]
     calls = [ToolCall("cd", {"folder": "a b'c"}), ToolCall("sort", {}, ("x.txt",)), ToolCall("ls", {"a": True})]
@@ -31,6 +31,19 @@ def test_formatted_calls_split_and_parse_back(reply_format):
     parsed = [parse_call(t) for t in split_reply(text, reply_format).call_texts]
     assert [(c.name, dict(c.arguments)) for c in parsed] == [
         ("cd", {"folder": "a b'c"}), ("sort", {"file_name": "x.txt"}), ("ls", {"a": True})]
+
+
+def test_code_format_writes_a_code_tools_code_as_a_block(tokenizer):
+    from coevolve.envs.appworld import EXECUTE_DOC, code_of
+
+    cell = "token = apis.spotify.login(username='a', password='b')\nprint(token)"
+    text = format_calls([ToolCall("execute", {"code": cell})], "code")
+    assert text == f"```python\n{cell}\n```"
+    [call_text] = split_reply(text, "code").call_texts
+    assert code_of(call_text) == cell  # what AppWorld's episode runs
+    renderer = ChatRenderer(tokenizer, "code")
+    system = renderer.opening_messages([EXECUTE_DOC], [{"role": "user", "content": "go"}])[0]["content"]
+    assert "```python code block" in system and "execute" in system
 
 
 def test_tools_go_to_the_system_prompt_when_the_template_ignores_them(tokenizer):

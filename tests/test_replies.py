@@ -49,6 +49,23 @@ def test_python(text, calls):
     assert list(split_reply(text, "python").call_texts) == calls
 
 
+@pytest.mark.parametrize(
+    "text, calls, content",
+    [
+        ("Look first.\n```python\nprint(1)\nx = 2\n```\nthen\n```\nprint(x)\n```", ["print(1)\nx = 2", "print(x)"],
+         "Look first.\n\nthen"),
+        ("```python\nfor i in range(3):\n    print(i)\n```", ["for i in range(3):\n    print(i)"], ""),
+        ("```python\nprint(apis.spot", ["print(apis.spot"], ""),  # left open at the token limit: still an attempt
+        ("```python\n```", [], ""),
+        ("All done, the note is saved.", [], "All done, the note is saved."),
+        ("```python\ncd(folder='x')\n```", ["cd(folder='x')"], ""),  # BFCL's envs parse a block as a call
+    ],
+)
+def test_code(text, calls, content):
+    reply = split_reply(text, "code")
+    assert list(reply.call_texts) == calls and reply.content == content
+
+
 def test_too_many_calls_are_cut_and_flagged():
     reply = split_reply("[" + "ls(), " * (MAX_CALLS_PER_REPLY + 5) + "]", "python")
     assert len(reply.call_texts) == MAX_CALLS_PER_REPLY and reply.truncated
@@ -70,10 +87,13 @@ def test_split_calls_run_in_the_env_with_reasons_for_the_bad_ones():
     python = split_reply("[ls(a=True), __import__('os')]", "python")
     good, bad = episode.act(python.call_texts)
     assert good.error is None and "private" in bad.error
+    code = split_reply("```python\nls(a=True)\n```\n```python\nimport os\n```", "code")
+    good, bad = episode.act(code.call_texts)
+    assert good.error is None and bad.error is not None
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(max_size=300), st.sampled_from(["hermes", "python"]))
+@given(st.text(max_size=300), st.sampled_from(["hermes", "python", "code"]))
 def test_any_text_splits_without_raising(text, reply_format):
     reply = split_reply(text, reply_format)
     assert len(reply.call_texts) <= MAX_CALLS_PER_REPLY

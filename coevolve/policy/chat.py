@@ -58,6 +58,14 @@ HERMES_SYSTEM = (
     "When the task is done, reply in plain words without any call; that ends your turn."
 )
 
+CODE_SYSTEM = (
+    "You are an agent that acts by writing Python code. To act, reply with a ```python code block; it runs, and you "
+    "will see what it printed. Use as many blocks, over as many replies, as you need. When the task is done, reply "
+    "in plain words without a code block; that ends your turn.\n\n"
+    "Here is what your code can call:\n{tools}\n"
+)
+"""The `code` reply format's prompt (AppWorld's and CodeAct's way of acting: one code block per action)."""
+
 NEW_TOOLS_NOTE = "\n\n(New functions are now available: {tools})"
 
 
@@ -130,10 +138,19 @@ def with_keywords(call: ToolCall, docs: Sequence[Mapping[str, Any]]) -> ToolCall
     return ToolCall(call.name, {**named, **dict(call.arguments)})
 
 
+def code_argument(call: ToolCall) -> str | None:
+    """The code a call carries when its only argument is a string named `code` (a code-execution tool)."""
+    if not call.positional and set(call.arguments) == {"code"} and isinstance(call.arguments["code"], str):
+        return call.arguments["code"]
+    return None
+
+
 def format_calls(calls: Sequence[ToolCall], reply_format: str, docs: Sequence[Mapping[str, Any]] = ()) -> str:
     """A reply that makes `calls`, written the way the format expects (used for demonstrations). Positional
     arguments are named from `docs` (the JSON format has no positions)."""
     calls = [with_keywords(call, docs) for call in calls]
+    if reply_format == "code":  # a call whose one argument is `code` (AppWorld's execute) is that code itself
+        return "\n".join(f"```python\n{code_argument(call) or call.to_python()}\n```" for call in calls)
     if reply_format == "python":
         return "[" + ", ".join(call.to_python() for call in calls) + "]"
     blocks = [json.dumps({"name": call.name, "arguments": dict(call.arguments)}, ensure_ascii=False) for call in calls]
@@ -158,8 +175,8 @@ class ChatRenderer:
     """Rendering of the fixed reference conversation `continuation` diffs against, per tool list."""
 
     def __post_init__(self) -> None:
-        if self.reply_format not in ("hermes", "python"):
-            raise ValueError(f"unknown reply format {self.reply_format!r}; choose 'hermes' or 'python'")
+        if self.reply_format not in ("hermes", "python", "code"):
+            raise ValueError(f"unknown reply format {self.reply_format!r}; choose 'hermes', 'python' or 'code'")
         if self.tool_style not in TOOL_STYLES:
             raise ValueError(f"unknown tool style {self.tool_style!r}; choose one of {TOOL_STYLES}")
 
@@ -218,7 +235,7 @@ class ChatRenderer:
         elif self.tools_in_template:
             system = "You are a helpful assistant that uses tools. When the task is done, reply without a call."
         else:
-            template = HERMES_SYSTEM if self.reply_format == "hermes" else PYTHON_SYSTEM
+            template = {"hermes": HERMES_SYSTEM, "code": CODE_SYSTEM}.get(self.reply_format, PYTHON_SYSTEM)
             if self.tool_style == "signatures":
                 template = template.replace("Here is the list of functions in JSON format that you can invoke:",
                                             "Here are the functions you can call:")

@@ -4,6 +4,9 @@
   one block per call, any text around them. A block left open at the end of the reply (generation stopped at a
   token limit) still counts as a call attempt.
 - `python`: BFCL's prompting format, `[f(a=1), g(b='x')]` (or a single call), possibly inside a ``` fence.
+- `code`: AppWorld's (and CodeAct's) way of acting: each fenced code block (```python ... ```) is one action, its
+  text handed to the env as is (AppWorld runs it as a cell; BFCL parses it as a call). A block left open at the end
+  of the reply still counts. Text outside the blocks is talk; a reply without a block ends the turn.
 
 `split_reply` only finds where calls are; it never interprets them. Each call comes back as text, and the env
 parses it (`coevolve.calls`, no evaluation), so a malformed call becomes an error observation with the env's own
@@ -21,7 +24,7 @@ import re
 import warnings
 from dataclasses import dataclass
 
-REPLY_FORMATS = ("hermes", "python")
+REPLY_FORMATS = ("hermes", "python", "code")
 
 _HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _FENCE = re.compile(r"^\s*```[A-Za-z0-9_+-]*\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
@@ -50,6 +53,8 @@ def split_reply(text: str, reply_format: str) -> SplitReply:
         return _split_hermes(text)
     if reply_format == "python":
         return _split_python(text)
+    if reply_format == "code":
+        return _split_code(text)
     raise ValueError(f"unknown reply format {reply_format!r}; choose one of {REPLY_FORMATS}")
 
 
@@ -95,3 +100,26 @@ def _split_python(text: str) -> SplitReply:
     items = node.elts if isinstance(node, (ast.List, ast.Tuple)) else [node]
     calls = [ast.get_source_segment(body, item) or "" for item in items]
     return _limited(calls, "")
+
+
+_BLOCK_OPEN = re.compile(r"```[A-Za-z0-9_+-]*[ \t]*\n?")
+
+
+def _split_code(text: str) -> SplitReply:
+    calls: list[str] = []
+    outside: list[str] = []
+    position = 0
+    while True:
+        opening = _BLOCK_OPEN.search(text, position)
+        if opening is None:
+            outside.append(text[position:])
+            break
+        outside.append(text[position:opening.start()])
+        end = text.find("```", opening.end())
+        block = text[opening.end():] if end < 0 else text[opening.end():end]  # left open: cut at the token limit
+        if block.strip():
+            calls.append(block.strip("\n").rstrip())
+        if end < 0:
+            break
+        position = end + 3
+    return _limited(calls, "".join(outside).strip())
