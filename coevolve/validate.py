@@ -17,7 +17,8 @@ Stage 1, shape and safety (nothing runs):
                        harmless to our dispatch, but a task that teaches it is not one we want
     An env whose tool arguments are not plain values checks them itself (`env.check_call(call) -> (code, detail)
     | None`, replacing the two argument checks above): AppWorld's `execute(code=...)` cells are parsed with `ast`
-    and refused for imports, private names or introspection (`coevolve.envs.appworld.check_code`).
+    and refused for imports, private names or introspection (`coevolve.envs.appworld.check_code`). An env may also
+    name its own phrasings of an empty result (`env.empty_observations`, AppWorld's "Execution successful.").
 Stage 2, duplicates:
     duplicate          a known task (the pool, and what this validator accepted before) with the same starting
                        point has `task_similarity` >= `dedup_threshold`; or, after execution, one of them gives
@@ -70,8 +71,7 @@ DEFAULT_UNSAFE_PATTERNS = (
 _PATH_ESCAPE = re.compile(r"^(?:/|~|[A-Za-z]:)|(?:^|/)\.\.(?:/|$)|\\|\x00")
 _CALL_HEAD = re.compile(r"^\s*\[?\s*([A-Za-z_][A-Za-z0-9_]*)\s*\(")
 _WORD = re.compile(r"[a-z0-9]+(?:['._-][a-z0-9]+)*")
-_EMPTY_RESULTS = frozenset({"", "None", "null", "{}", "[]", '""', "''",
-                            "Execution successful."})  # AppWorld's answer to a cell that printed nothing
+_EMPTY_RESULTS = frozenset({"", "None", "null", "{}", "[]", '""', "''"})
 
 
 @dataclass(frozen=True)
@@ -132,8 +132,10 @@ def _task_query(task: Task) -> str:
     return " ".join(m.get("content", "") for turn in task.turns for m in turn if m.get("role", "user") == "user")
 
 
-def is_informative(observation: str) -> bool:
-    return observation.strip() not in _EMPTY_RESULTS
+def is_informative(observation: str, empty: Iterable[str] = ()) -> bool:
+    """False for an empty result; `empty` adds an env's own phrasings of one (`env.empty_observations`)."""
+    text = observation.strip()
+    return text not in _EMPTY_RESULTS and text not in empty
 
 
 def _string_values(value: Any) -> Iterable[str]:
@@ -355,7 +357,8 @@ class Validator:
         if states[-1] == initial:
             if any(state != initial for state in states[:-1]):
                 return ["no_effect: the solution changes the state and undoes the change; nothing is left to ask for"]
-            if not any(is_informative(observation) for observation in observations):
+            empty = getattr(self.env, "empty_observations", ())
+            if not any(is_informative(observation, empty) for observation in observations):
                 return ["no_effect: the solution neither changes the state nor returns anything"]
         for index, observation in enumerate(observations):
             before = states[index - 1] if index else initial

@@ -167,6 +167,8 @@ def opening_message(specs: Mapping[str, Any]) -> str:
 @ENVS.register("appworld")
 class AppWorldEnv:
     name = "appworld"
+    empty_observations = ("Execution successful.",)
+    """AppWorld's answer to a cell that printed nothing: for validation, no result (`no_effect` if nothing changed)."""
 
     def __init__(self, split: str = "train", scope: str | None = None, **options: Any) -> None:
         del scope  # the CLI passes BFCL's dispatch scope to every env; AppWorld dispatches code, not tool names
