@@ -27,6 +27,8 @@ from dataclasses import dataclass
 REPLY_FORMATS = ("hermes", "python", "code")
 
 _HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
+_HERMES_OPEN_PATTERN = re.compile(re.escape(_HERMES_OPEN))
+_BLOCK_OPEN = re.compile(r"```[A-Za-z0-9_+-]*[ \t]*\n?")  # a code fence with an optional language tag
 _FENCE = re.compile(r"^\s*```[A-Za-z0-9_+-]*\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
 _CALL_START = re.compile(r"^\s*\[?\s*[A-Za-z_][A-Za-z0-9_]*\s*\(")
 MAX_CALLS_PER_REPLY = 64
@@ -63,24 +65,30 @@ def _limited(calls: list[str], content: str) -> SplitReply:
     return SplitReply(tuple(calls[:MAX_CALLS_PER_REPLY]), content, truncated)
 
 
-def _split_hermes(text: str) -> SplitReply:
+def _split_blocks(text: str, opening: re.Pattern[str], closing: str, keep_empty: bool) -> SplitReply:
+    """Each `opening ... closing` block is one call attempt (a block left open at the end still counts); the text
+    outside the blocks is the reply's content."""
     calls: list[str] = []
     outside: list[str] = []
     position = 0
     while True:
-        start = text.find(_HERMES_OPEN, position)
-        if start < 0:
+        found = opening.search(text, position)
+        if found is None:
             outside.append(text[position:])
             break
-        outside.append(text[position:start])
-        body_start = start + len(_HERMES_OPEN)
-        end = text.find(_HERMES_CLOSE, body_start)
-        if end < 0:  # left open: generation stopped inside the call
-            calls.append(text[body_start:].strip())
+        outside.append(text[position:found.start()])
+        end = text.find(closing, found.end())
+        body = text[found.end():] if end < 0 else text[found.end():end]  # left open: cut at the token limit
+        if keep_empty or body.strip():
+            calls.append(body.strip() if keep_empty else body.strip("\n").rstrip())
+        if end < 0:
             break
-        calls.append(text[body_start:end].strip())
-        position = end + len(_HERMES_CLOSE)
+        position = end + len(closing)
     return _limited(calls, "".join(outside).strip())
+
+
+def _split_hermes(text: str) -> SplitReply:
+    return _split_blocks(text, _HERMES_OPEN_PATTERN, _HERMES_CLOSE, keep_empty=True)
 
 
 def _split_python(text: str) -> SplitReply:
@@ -102,24 +110,5 @@ def _split_python(text: str) -> SplitReply:
     return _limited(calls, "")
 
 
-_BLOCK_OPEN = re.compile(r"```[A-Za-z0-9_+-]*[ \t]*\n?")
-
-
 def _split_code(text: str) -> SplitReply:
-    calls: list[str] = []
-    outside: list[str] = []
-    position = 0
-    while True:
-        opening = _BLOCK_OPEN.search(text, position)
-        if opening is None:
-            outside.append(text[position:])
-            break
-        outside.append(text[position:opening.start()])
-        end = text.find("```", opening.end())
-        block = text[opening.end():] if end < 0 else text[opening.end():end]  # left open: cut at the token limit
-        if block.strip():
-            calls.append(block.strip("\n").rstrip())
-        if end < 0:
-            break
-        position = end + 3
-    return _limited(calls, "".join(outside).strip())
+    return _split_blocks(text, _BLOCK_OPEN, "```", keep_empty=False)
