@@ -73,7 +73,8 @@ def config_line() -> str:
     config = yaml.safe_load((REPO / "configs" / "quickstart.yaml").read_text())
     run, grpo, loop = config["run"], config["grpo"], config["loop"]
     iterations = -(-run["max_steps"] // loop["steps_per_iteration"])
-    return (f"SmolLM2-135M, {config['model']['tool_style']} tool list, {config['model']['demos']} worked examples, "
+    return (f"SmolLM2-135M, {config['model']['tool_style']} tool list, {config['model']['demos']} worked examples "
+            f"({config['model'].get('demo_choice', 'first-tool')}), "
             f"{run['max_steps']} GRPO steps of {grpo['prompts_per_step']} tasks x K={config['rollout']['group_size']} "
             f"in {iterations} iterations, lr {grpo['learning_rate']}, T={config['rollout']['temperature']}, "
             f"reward {grpo.get('reward', 'env')}, "

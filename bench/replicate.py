@@ -206,6 +206,11 @@ def main() -> None:
     print(text)
     if args.no_write:
         return
+    import yaml
+
+    quickstart = yaml.safe_load(CONFIG.read_text())
+    prompt = (f"{quickstart['model']['demos']} worked examples ({quickstart['model'].get('demo_choice', 'first-tool')}), "
+              f"reward {quickstart['grpo'].get('reward', 'env')}")
     write_section("replicate", f"""
 ## Replication of the paper's ablation at small scale (`bench/replicate.py`)
 
@@ -215,7 +220,7 @@ the static arm, same seed (paired).
 
 Command: `python bench/replicate.py --seeds {' '.join(map(str, args.seeds))} --steps {args.steps}
 --steps-per-iteration {args.steps_per_iteration} --heldout {args.heldout}`. Machine: {machine_line()}. Config:
-`configs/quickstart.yaml` with `run.max_steps={args.steps}`, `loop.steps_per_iteration={args.steps_per_iteration}`,
+`configs/quickstart.yaml` ({prompt}) with `run.max_steps={args.steps}`, `loop.steps_per_iteration={args.steps_per_iteration}`,
 `loop.eval_limit={args.heldout}` and the arm's overrides (bench/replicate.py `ARMS`). Held-out success before
 training: {before:.3f} (greedy, the same in every run). Wall time of this invocation: {total_minutes:.0f} minutes
 (finished runs are read back, not rerun). The runs in the table took {run_minutes:.0f} minutes in all ({per_run:.0f} s per

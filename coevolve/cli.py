@@ -50,6 +50,9 @@ def _eval_parser(subparsers) -> None:
     model.add_argument("--demos", type=int, default=0,
                        help="worked examples in the prompt, solved by their ground truth, taken from tasks that are "
                             "not evaluated (the train split for bfcl-lite)")
+    model.add_argument("--demo-choice", default="first-tool", choices=("first-tool", "coverage"),
+                       help="which tasks become the examples: a new first tool each, in order (default), or the most "
+                            "tools not yet shown, multi-call tasks included (the quickstart's prompt)")
     model.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     model.add_argument("--max-new-tokens", type=int, default=256, help="token budget of one reply")
     model.add_argument("--max-replies-per-turn", type=int, default=4)
@@ -129,7 +132,8 @@ def _eval_model(args: argparse.Namespace, env, options: dict) -> int:
         backend = make_backend(args.backend, spec, device=args.device, dtype=args.dtype, base_url=args.base_url)
     except (ModelError, BackendUnavailable) as error:
         raise UsageError(str(error)) from None
-    demos = build_demonstrations(demo_env, demo_tasks, args.reply_format, args.demos) if args.demos else ()
+    demos = (build_demonstrations(demo_env, demo_tasks, args.reply_format, args.demos, args.demo_choice)
+             if args.demos else ())
     renderer = ChatRenderer(getattr(backend, "tokenizer", None), args.reply_format, demonstrations=demos,
                             tool_style=args.tool_style)
     config = RolloutConfig(group_size=args.samples, max_new_tokens=args.max_new_tokens,

@@ -74,6 +74,9 @@ class ModelSection:
     code blocks, one action each: AppWorld's way)."""
     demos: int = 3
     """Worked examples (train tasks solved by their ground truth) in every prompt."""
+    demo_choice: str = "first-tool"
+    """Which train tasks become the examples: `first-tool` (in order, a new first tool each) or `coverage` (the
+    most tools not yet shown, multi-call tasks included); see coevolve.policy.chat.build_demonstrations."""
     chat_template: str | None = None
     """A Jinja file to use instead of the tokenizer's template (e.g. a tool-aware one)."""
     tool_style: str = "json"
@@ -254,6 +257,7 @@ class Config:
                "grpo.beta/epsilon_*", "must be >= 0")
         _check(self.model.reply_format in ("python", "hermes", "code"), "model.reply_format", "python, hermes or code")
         _check(self.model.tool_style in ("json", "signatures"), "model.tool_style", "json or signatures")
+        _check(self.model.demo_choice in ("first-tool", "coverage"), "model.demo_choice", "first-tool or coverage")
         _check(self.vllm.mode in ("colocate", "server"), "vllm.mode", "colocate or server")
         _check(self.feedback.explorer in ("offline", "llm"), "feedback.explorer", "offline or llm")
         _check(self.feedback.abstractor in ("template", "llm"), "feedback.abstractor", "template or llm")

@@ -167,7 +167,7 @@ def build_renderer(config: Config, env: Env, tasks: Sequence[Task]) -> tuple[Any
     tokenizer = load_tokenizer(config.model.name)
     if config.model.chat_template:
         tokenizer.chat_template = Path(config.model.chat_template).read_text()
-    demos = build_demonstrations(env, tasks, config.model.reply_format, config.model.demos)
+    demos = build_demonstrations(env, tasks, config.model.reply_format, config.model.demos, config.model.demo_choice)
     shown = {messages[0]["content"] for messages in demos}
     remaining = [task for task in tasks if task.turns[0][0]["content"] not in shown]
     if not remaining:

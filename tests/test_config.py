@@ -35,6 +35,7 @@ def test_overrides_apply_with_types(tmp_path):
     ("rollout.group_size=1", "rollout.group_size"),        # GRPO needs K >= 2
     ("grpo.loss_normalisation=mean", "grpo.loss_normalisation"),
     ("run.mode=magic", "run.mode"),
+    ("model.demo_choice=best", "model.demo_choice"),
     ("grpo.micro_batch_size=3", "grpo.micro_batch_size"),  # must divide prompts_per_step x group_size
     ("trainer.steps=3", "trainer"),
     ("learning_rate=3", "section.key=value"),

@@ -93,6 +93,27 @@ def test_demonstrations_are_real_solved_conversations():
     assert build_demonstrations(env, env.tasks(), "python", 0) == ()
 
 
+def test_coverage_demonstrations_show_the_most_tools_and_a_multi_call_task():
+    env = make_env("bfcl-lite", split="train")
+    tasks = env.tasks()
+    demos = build_demonstrations(env, tasks, "python", 4, choice="coverage")
+    replies = [demo[1]["content"] for demo in demos]
+    # The first pick is the first two-call task (two new tools); each later one adds a tool not shown yet.
+    first_two_call = next(task for task in tasks if len(task.ground_truth[0]) == 2)
+    assert demos[0][0]["content"] == first_two_call.turns[0][0]["content"]
+    assert replies[0].count("(") == 2 and replies[0].startswith("[cd(")
+    shown = [{call.split("(")[0].lstrip("[ ") for call in reply.strip("[]").split("), ")} for reply in replies]
+    for index in range(1, len(shown)):
+        assert shown[index] - set().union(*shown[:index]), replies  # every example shows a new tool
+    assert len(set().union(*shown)) == 5  # cd, its companion, and three more tools
+    # The default keeps the earlier choice (first tools in order), so existing prompts do not change.
+    assert build_demonstrations(env, tasks, "python", 3) == build_demonstrations(env, tasks, "python", 3, "first-tool")
+    # ... which on this split shows one call per example: the reason `coverage` exists.
+    assert all(demo[1]["content"].count("(") == 1 for demo in build_demonstrations(env, tasks, "python", 3))
+    with pytest.raises(ValueError, match="unknown demonstration choice"):
+        build_demonstrations(env, tasks, "python", 3, choice="best")
+
+
 def test_signatures_tool_style_lists_each_tool_on_one_line(tokenizer):
     from coevolve.envs.bfcl_lite import BFCLLiteEnv
     from coevolve.policy.chat import ChatRenderer, tool_signature

@@ -309,25 +309,46 @@ class ChatRenderer:
 DONE_MESSAGE = "Done."
 
 
-def build_demonstrations(env: Any, tasks: Sequence[Task], reply_format: str, count: int
+DEMO_CHOICES = ("first-tool", "coverage")
+
+
+def _tools_of(task: Task) -> list[str]:
+    """The tool names of the task's first-turn ground truth, in call order."""
+    return [call.split("(")[0] for call in (task.ground_truth[0] if task.ground_truth else ())]
+
+
+def build_demonstrations(env: Any, tasks: Sequence[Task], reply_format: str, count: int, choice: str = "first-tool"
                          ) -> tuple[tuple[dict[str, str], ...], ...]:
     """Worked examples for the prompt: the first turn of `count` tasks, solved by their ground truth.
 
     Each is a real conversation, not a made-up one: the user's request, one reply making the ground-truth calls
     in `reply_format`, the tool results the env actually returned, and a closing reply without calls (the turn
-    ending the format asks for). Tasks are picked in order, preferring ones whose first call is a tool not yet
-    shown, so a few examples cover the tool set. Callers must take them from tasks that are not evaluated."""
+    ending the format asks for). Which tasks (`choice`):
+    - `first-tool`: in order, preferring ones whose first call is a tool not yet shown;
+    - `coverage`: each pick is the first task showing the most tools not yet shown, counting every call of its
+      first turn, so a multi-call task (BFCL-lite's `cd` then act) is shown when there is one. A small model copies
+      its examples: with `first-tool` SmolLM2 never saw two calls in one reply and never solved a two-call task.
+    Callers must take them from tasks that are not evaluated."""
+    if choice not in DEMO_CHOICES:
+        raise ValueError(f"unknown demonstration choice {choice!r} (one of {', '.join(DEMO_CHOICES)})")
     if count <= 0:
         return ()
     chosen: list[Task] = []
     seen_tools: set[str] = set()
+    candidates = [task for task in tasks if _tools_of(task)]
+    if choice == "coverage":
+        while len(chosen) < count and len(chosen) < len(candidates):
+            # max() keeps the first of equal scores: ties go to the earlier task.
+            pick = max((task for task in candidates if task not in chosen),
+                       key=lambda task: len(set(_tools_of(task)) - seen_tools))
+            chosen.append(pick)
+            seen_tools.update(_tools_of(pick))
     for prefer_new in (True, False):
-        for task in tasks:
+        for task in candidates:
             if len(chosen) >= count:
                 break
-            calls = task.ground_truth[0] if task.ground_truth else ()
-            first = calls[0].split("(")[0] if calls else ""
-            if task in chosen or not calls or (prefer_new and first in seen_tools):
+            first = _tools_of(task)[0]
+            if task in chosen or (prefer_new and first in seen_tools):
                 continue
             chosen.append(task)
             seen_tools.add(first)
