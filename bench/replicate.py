@@ -147,6 +147,8 @@ def main() -> None:
     parser.add_argument("--max-minutes", type=float, default=0,
                         help="start no new run after this many minutes (0: no limit); rerun to continue")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--section", default="replicate",
+                        help="BENCHMARKS.md section to write (another name keeps an earlier table, e.g. other --steps)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -211,15 +213,17 @@ def main() -> None:
     quickstart = yaml.safe_load(CONFIG.read_text())
     prompt = (f"{quickstart['model']['demos']} worked examples ({quickstart['model'].get('demo_choice', 'first-tool')}), "
               f"reward {quickstart['grpo'].get('reward', 'env')}")
-    write_section("replicate", f"""
-## Replication of the paper's ablation at small scale (`bench/replicate.py`)
+    extra = (f" --arms {' '.join(repr(arm) if ' ' in arm else arm for arm in args.arms)}"
+             if args.arms != list(ARMS) else "") + (f" --section {args.section}" if args.section != "replicate" else "")
+    write_section(args.section, f"""
+## Replication of the paper's ablation at small scale, {args.steps} GRPO steps (`bench/replicate.py`)
 
 Question: does the paper's ordering (zero-shot < static GRPO < + synthetic < + random exploration < + feedback,
 forgetting the most valuable signal) hold for SmolLM2-135M on BFCL-lite at equal rollout budget? Baseline:
 the static arm, same seed (paired).
 
 Command: `python bench/replicate.py --seeds {' '.join(map(str, args.seeds))} --steps {args.steps}
---steps-per-iteration {args.steps_per_iteration} --heldout {args.heldout}`. Machine: {machine_line()}. Config:
+--steps-per-iteration {args.steps_per_iteration} --heldout {args.heldout}{extra}`. Machine: {machine_line()}. Config:
 `configs/quickstart.yaml` ({prompt}) with `run.max_steps={args.steps}`, `loop.steps_per_iteration={args.steps_per_iteration}`,
 `loop.eval_limit={args.heldout}` and the arm's overrides (bench/replicate.py `ARMS`). Held-out success before
 training: {before:.3f} (greedy, the same in every run). Wall time of this invocation: {total_minutes:.0f} minutes
