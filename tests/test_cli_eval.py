@@ -92,7 +92,7 @@ def test_eval_of_scripted_policies_does_not_import_torch():
 
 def test_model_policy_runs_offline_with_the_shipped_smollm2(smol_dir):
     result = run_cli("eval", "--env", "bfcl-lite", "--split", "test", "--policy", "model:smollm2", "--limit", "2",
-                     "--demos", "2", "--max-new-tokens", "40", "--json", timeout=900)
+                     "--demos", "2", "--demo-choice", "coverage", "--max-new-tokens", "40", "--json", timeout=900)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["n"] == 2 and report["samples"] == 1 and set(report["per_task"].values()) <= {0, 1}
@@ -104,6 +104,7 @@ def test_model_policy_runs_offline_with_the_shipped_smollm2(smol_dir):
     (["--policy", "model:smollm2", "--backend", "openai"], "needs --base-url"),
     (["--policy", "model:/nonexistent/model"], "cannot load"),
     (["--policy", "model:smollm2", "--samples", "0"], "must be >= 1"),
+    (["--policy", "model:smollm2", "--demo-choice", "best"], "invalid choice"),
 ])
 def test_model_policy_errors_are_one_line(args, message):
     result = run_cli("eval", "--env", "bfcl-lite", "--limit", "1", *args, timeout=600)
