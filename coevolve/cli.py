@@ -20,6 +20,8 @@ import json
 import sys
 from typing import Any, Sequence
 
+from coevolve.policy.chat import DEMO_CHOICES
+
 EXIT_USAGE = 2
 
 
@@ -50,7 +52,7 @@ def _eval_parser(subparsers) -> None:
     model.add_argument("--demos", type=int, default=0,
                        help="worked examples in the prompt, solved by their ground truth, taken from tasks that are "
                             "not evaluated (the train split for bfcl-lite)")
-    model.add_argument("--demo-choice", default="first-tool", choices=("first-tool", "coverage"),
+    model.add_argument("--demo-choice", default=DEMO_CHOICES[0], choices=DEMO_CHOICES,
                        help="which tasks become the examples: a new first tool each, in order (default), or the most "
                             "tools not yet shown, multi-call tasks included (the quickstart's prompt)")
     model.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")

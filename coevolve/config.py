@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from coevolve.policy.chat import DEMO_CHOICES
+
 MODES = ("zero-shot", "static", "synthetic", "random", "coevolve")
 """The paper's ablation ladder (coevolve.loop): zero-shot (evaluate only), static (GRPO on D_0), synthetic
 (one synthesis pass before training, then static), random (exploration without signals after every iteration),
@@ -257,7 +259,7 @@ class Config:
                "grpo.beta/epsilon_*", "must be >= 0")
         _check(self.model.reply_format in ("python", "hermes", "code"), "model.reply_format", "python, hermes or code")
         _check(self.model.tool_style in ("json", "signatures"), "model.tool_style", "json or signatures")
-        _check(self.model.demo_choice in ("first-tool", "coverage"), "model.demo_choice", "first-tool or coverage")
+        _check(self.model.demo_choice in DEMO_CHOICES, "model.demo_choice", " or ".join(DEMO_CHOICES))
         _check(self.vllm.mode in ("colocate", "server"), "vllm.mode", "colocate or server")
         _check(self.feedback.explorer in ("offline", "llm"), "feedback.explorer", "offline or llm")
         _check(self.feedback.abstractor in ("template", "llm"), "feedback.abstractor", "template or llm")
