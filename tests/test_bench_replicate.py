@@ -86,7 +86,7 @@ def test_a_run_folder_from_other_settings_is_refused_not_read_back(tmp_path, mon
     same = ["run.seed=0", "run.max_steps=6", "loop.eval_limit=40", "loop.steps_per_iteration=3", "run.mode=static"]
     write_config(load_config(str(replicate.CONFIG), same), folder / "config.yaml")
     assert replicate.run_arm("static", 0, 6, 40, tmp_path, 3)["after"] == 0.300  # same settings: read back
-    write_config(load_config(str(replicate.CONFIG), [*same, "grpo.reward=env"]), folder / "config.yaml")
+    write_config(load_config(str(replicate.CONFIG), [*same, "grpo.reward=graded"]), folder / "config.yaml")
     with pytest.raises(SystemExit, match="grpo.reward"):
         replicate.run_arm("static", 0, 6, 40, tmp_path, 3)
     with pytest.raises(SystemExit, match="run.max_steps"):
