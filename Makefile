@@ -60,7 +60,8 @@ bench: venv
 	$(BIN)/python bench/rollout.py
 	$(BIN)/python bench/zero_shot.py
 	$(BIN)/python bench/train_step.py
-	$(BIN)/python bench/feedback.py --tasks 24
+	$(BIN)/python bench/synthesis.py --tasks 24
+	$(BIN)/python bench/loop_calls.py
 	$(BIN)/python bench/quickstart.py --seeds 0 1 2 --fresh-clone
 	$(BIN)/python bench/shared_prefix.py
 

@@ -10,6 +10,8 @@ import platform
 import re
 from pathlib import Path
 
+from coevolve.jsonl import atomic_write_text
+
 BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 HEADER = "# Benchmarks\n\nEvery figure below is written by the script named in its section; rerun it to refresh.\n"
 
@@ -29,4 +31,4 @@ def write_section(name: str, markdown: str, path: Path = BENCHMARKS_MD) -> None:
         text = pattern.sub(lambda _: block, text)
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
-    path.write_text(text)
+    atomic_write_text(path, text)

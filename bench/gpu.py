@@ -1,9 +1,9 @@
-"""GPU benchmark: vLLM vs transformers rollout throughput, and one CoEvolve iteration (GRPO steps + feedback), on a
+"""GPU benchmark: vLLM vs transformers rollout throughput, and one CoEvolve iteration (GRPO steps + signals + synthesis), on a
 locally saved small model. For GPU hosts; `bash bench/gpu.sh` sets up its own virtualenv (offline from a
 wheelhouse if one is given) and runs this in under 10 minutes.
 
 Question: on one GPU, how much faster does our rollout engine generate through vLLM than through transformers, and
-what does one iteration of the loop cost with each (GRPO steps, signals, feedback, held-out evaluation)?
+what does one iteration of the loop cost with each (GRPO steps, signals, synthesis, held-out evaluation)?
 
 Method:
 - Model: the shipped SmolLM2-135M-Instruct converted to a local folder (`--model smollm2`, the default), or a random
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import json
 import os
 import subprocess
 import sys
@@ -144,7 +143,9 @@ def train_row(args: argparse.Namespace, model_dir: str, use_vllm: bool, out: Pat
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         return {"seconds": seconds, "error": (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]}
-    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    from coevolve.jsonl import read_jsonl
+
+    metrics = read_jsonl(run / "metrics.jsonl")
     last = metrics[-1]
     return {"seconds": seconds, "phases": last["seconds"], "feedback_share": last["feedback_share"],
             "train_success": last["train_success"], "before": metrics[0]["heldout_success"],
@@ -171,9 +172,9 @@ def section(args: argparse.Namespace, rows: dict, iterations: dict, today: str) 
         lines.append(f"| {name} | {row['episodes']} | {row['tokens']} | {row['seconds']:.2f} | "
                      f"{row['episodes_per_s']:.1f} | {row['tokens_per_s']:.0f} | {row['tokens_per_s'] / base:.2f} |")
     if iterations:
-        lines += ["", f"One iteration of `configs/quickstart.yaml` ({args.train_steps} GRPO steps, signals, feedback, "
+        lines += ["", f"One iteration of `configs/quickstart.yaml` ({args.train_steps} GRPO steps, signals, synthesis, "
                   "held-out before and after), one process each:", "",
-                  "| rollouts | process seconds | train | signals | feedback | eval | feedback share | result |",
+                  "| rollouts | process seconds | train | signals | synthesis | eval | feedback share | result |",
                   "|---|---|---|---|---|---|---|---|"]
         for name, row in iterations.items():
             if "error" in row:
@@ -182,7 +183,7 @@ def section(args: argparse.Namespace, rows: dict, iterations: dict, today: str) 
                 continue
             phases = row["phases"]
             lines.append(f"| {name} | {row['seconds']:.0f} | " + " | ".join(
-                f"{phases.get(p, 0.0):.1f}" for p in ("train", "signals", "feedback", "eval")) +
+                f"{phases.get(p, 0.0):.1f}" for p in ("train", "signals", "synthesis", "eval")) +
                 f" | {row['feedback_share']:.1%} | held-out {row['before']:.3f} -> {row['after']:.3f} |")
     return "\n".join(lines)
 

@@ -31,7 +31,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def read_run(directory: Path) -> dict:
-    metrics = [json.loads(line) for line in (directory / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    from coevolve.jsonl import read_jsonl
+
+    metrics = read_jsonl(directory / "metrics.jsonl")
     summary = json.loads((directory / "summary.json").read_text())
     before = metrics[0]["heldout_success"]
     after = next(m["heldout_success"] for m in reversed(metrics) if m["heldout_success"] is not None)
@@ -39,7 +41,7 @@ def read_run(directory: Path) -> dict:
             "feedback_share": summary["feedback_share"], "steps": summary["steps"],
             "train_success": [m["train_success"] for m in metrics[1:]],
             "signals": [sum(m["signals"].values()) for m in metrics[1:]],
-            "accepted": [m["feedback"].get("accepted", 0) for m in metrics[1:]]}
+            "accepted": [m["synthesis"].get("accepted", 0) for m in metrics[1:]]}
 
 
 def run_seed(seed: int, output: Path) -> dict:
@@ -78,7 +80,7 @@ def config_line() -> str:
             f"{run['max_steps']} GRPO steps of {grpo['prompts_per_step']} tasks x K={config['rollout']['group_size']} "
             f"in {iterations} iterations, lr {grpo['learning_rate']}, T={config['rollout']['temperature']}, "
             f"reward {grpo.get('reward', 'env')}, "
-            f"{config['feedback']['explorer']} explorer + {config['feedback']['abstractor']} abstractor")
+            f"{config['synthesis']['explorer']} explorer + {config['synthesis']['abstractor']} abstractor")
 
 
 def main() -> None:

@@ -52,9 +52,9 @@ ARMS = {
     "synthetic": ["run.mode=synthetic"],
     "random": ["run.mode=random"],
     "coevolve": ["run.mode=coevolve"],
-    "coevolve w/o forgetting": ["run.mode=coevolve", "loop.signals=[boundary,rare]"],
-    "coevolve w/o boundary": ["run.mode=coevolve", "loop.signals=[forgetting,rare]"],
-    "coevolve w/o rare": ["run.mode=coevolve", "loop.signals=[forgetting,boundary]"],
+    "coevolve w/o forgetting": ["run.mode=coevolve", "signals.enabled=[boundary,rare]"],
+    "coevolve w/o boundary": ["run.mode=coevolve", "signals.enabled=[forgetting,rare]"],
+    "coevolve w/o rare": ["run.mode=coevolve", "signals.enabled=[forgetting,boundary]"],
 }
 PAPER_BFCL = {"zero-shot": "26.50", "synthetic": "58.00", "random": "60.50", "coevolve": "63.00"}
 """Qwen3-4B on BFCL-V3 multi-turn, the paper's ablation table (its rows are cumulative: + synthetic data,
@@ -109,7 +109,9 @@ def run_arm(arm: str, seed: int, steps: int, heldout: int, out: Path, steps_per_
     # The table needs the run's logs, not its optimizer state: ~1.6 GB of checkpoints per run would fill a disk
     # over 22 runs (final/ keeps the trained weights).
     shutil.rmtree(folder / "checkpoints", ignore_errors=True)
-    metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    from coevolve.jsonl import read_jsonl
+
+    metrics = read_jsonl(folder / "metrics.jsonl")
     summary = json.loads((folder / "summary.json").read_text())
     after = next(m["heldout_success"] for m in reversed(metrics) if m["heldout_success"] is not None)
     seconds_file = folder / "bench-seconds.txt"

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -39,6 +38,7 @@ warnings.filterwarnings("ignore")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._report import machine_line, write_section  # noqa: E402
+from coevolve.jsonl import read_jsonl  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -104,8 +104,7 @@ def skipped_fraction() -> tuple[float | None, int]:
     """Mean share of micro-batches skipped (all advantages zero) over the quickstart bench runs' steps."""
     shares = []
     for path in sorted((REPO / "runs" / "bench-quickstart").glob("seed-*/steps.jsonl")):
-        for line in path.read_text().splitlines():
-            record = json.loads(line) if line.strip() else {}
+        for record in read_jsonl(path):
             if "skipped_flat_micro_batches" in record:
                 shares.append(record["skipped_flat_micro_batches"])
     return (statistics.mean(shares) if shares else None), len(shares)

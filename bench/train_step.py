@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -93,7 +94,9 @@ def run_ours(config, model_dir: str, tokenizer, env, tasks, renderer, scratch: P
     from dataclasses import replace
 
     import coevolve.train as train
-    from coevolve.train import EnvRollouts, JsonLines, build_trainer, rollout_config, trajectory_summary
+    from coevolve.jsonl import JsonLines
+    from coevolve.rollout import trajectory_summary
+    from coevolve.train import EnvRollouts, build_trainer
 
     log = JsonLines(scratch / "rollouts.jsonl")
     rollout_seconds: list[float] = []
@@ -127,7 +130,7 @@ def run_ours(config, model_dir: str, tokenizer, env, tasks, renderer, scratch: P
     train.rollout, EnvRollouts.__call__ = timed_engine, timed_call
 
     # Single-turn: the episode ends after the first reply, as bare TRL's completions do.
-    limits = replace(rollout_config(config), max_replies_per_turn=1, max_episode_tokens=config.rollout.max_new_tokens)
+    limits = replace(config.rollout.engine(), max_replies_per_turn=1, max_episode_tokens=config.rollout.max_new_tokens)
     rollouts = EnvRollouts(env, tasks, renderer, limits, seed=config.run.seed, on_step=on_step)
     clock = StepClock()
     trainer = build_trainer(config, scratch / "ours", model_dir, tokenizer, rollouts, tasks, [clock.callback])
@@ -225,18 +228,18 @@ def main() -> None:
         "rollout.temperature=1.0", "grpo.learning_rate=1e-6", f"run.max_steps={total_steps}",
         f"run.save_steps={total_steps + 1}", "model.device=cpu", "run.seed=0",
         "grpo.shared_prefix=false",  # like for like: the adapter's cost, not our scoring shortcuts (bench/shared_prefix.py)
+        "grpo.skip_flat_micro_batches=false",
     ])
-    train.SKIP_ZERO_ADVANTAGE = False
     prompt_tokens = len(renderer.prompt_ids(renderer.opening_messages(env.reset(tasks[0]).tools(),
                                                                       env.reset(tasks[0]).user_messages()),
                                             env.reset(tasks[0]).tools()))
     print(f"model {args.model}, {len(tasks)} tasks, K={args.group_size}, {args.prompts_per_step} tasks/step, "
           f"prompt ~{prompt_tokens} tokens, replies <= {args.max_tokens} tokens")
-    train._compact_scoring_on_cpu()
     scorings = ("stock", "compact") if args.scoring == "both" else ("compact",)
     results, adapter = {}, []
     for scoring in scorings:
-        train.CPU_COMPACT_SCORING = scoring == "compact"
+        config = replace(config, grpo=replace(config.grpo, compact_scoring_on_cpu=scoring == "compact"))
+        train._compact_scoring_on_cpu(scoring == "compact")  # the bare-TRL baseline builds no coevolve trainer
         for side, runner in (("bare", run_bare), ("ours", run_ours)):
             timings = runner(config, model_dir, tokenizer, env, tasks, renderer, scratch / f"{side}-{scoring}")
             keep = slice(args.warmup, None)
@@ -248,7 +251,7 @@ def main() -> None:
             step, rollout, training, longest = results[side, scoring]
             print(f"{scoring:8s} {side:5s} step {step:7.2f}s  rollout {rollout:6.2f}s  training {training:7.2f}s"
                   f"  longest completion {longest:5.1f}")
-    train.CPU_COMPACT_SCORING = True
+    train._compact_scoring_on_cpu(True)
 
     rows = []
     for scoring in scorings:

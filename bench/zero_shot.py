@@ -1,7 +1,7 @@
 """Zero-shot success of the offline default (shipped SmolLM2-135M-Instruct) on the BFCL-lite held-out split.
 
 Question: before any training, how often does the offline default solve held-out BFCL-lite tasks, and which
-prompt gives GRPO a usable signal? DESIGN.md measured 0/160 parseable calls with the tools alone in the prompt;
+prompt gives GRPO a usable signal? Measured before this script: 0/160 parseable calls with the tools alone in the prompt;
 this script compares the prompt variants `coevolve eval` offers, on the same 40 held-out tasks:
 - the reply format (BFCL's Python-call list vs Hermes `<tool_call>` JSON), and
 - worked examples in the prompt (`--demos N`: train-split tasks solved by their ground truth, real tool results),

@@ -34,9 +34,7 @@ from coevolve.envs.base import Env, step_failure
 from coevolve.policy.backends import SamplingConfig
 from coevolve.policy.chat import tool_description
 from coevolve.records import Candidate, ExplorationEpisode, Step, Task
-
-FAILURE_CODES = ("malformed_reply", "endpoint_error", "time_budget")
-
+from coevolve.validate import ValidationConfig
 
 @dataclass(frozen=True)
 class Abstraction:
@@ -45,7 +43,8 @@ class Abstraction:
     episode_id: str
     candidates: tuple[Candidate, ...]
     failure: str | None = None
-    """`code: detail` with a code of FAILURE_CODES, when the abstractor gave up on the episode."""
+    """`code: detail`, code `malformed_reply`, `endpoint_error` or `time_budget`, when the abstractor gave up on the
+    episode."""
     attempts: int = 0
     """LLM requests made for this episode (0 for the template abstractor)."""
 
@@ -117,7 +116,7 @@ def template_query(steps: Sequence[Step], docs: Mapping[str, Mapping[str, Any]])
 class TemplateAbstractor:
     """Windows of consecutive successful calls -> candidates with template queries (see the module docstring)."""
 
-    max_solution_calls: int = 3
+    max_solution_calls: int = ValidationConfig.max_solution_calls
     max_candidates_per_episode: int = 8
     name: str = "template"
 
@@ -236,7 +235,7 @@ class LLMAbstractor:
 
     backend: Any
     max_tasks_per_episode: int = 3
-    max_solution_calls: int = 3
+    max_solution_calls: int = ValidationConfig.max_solution_calls
     max_format_retries: int = 2
     sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=0.2, max_new_tokens=512))
     name: str = "llm"

@@ -40,7 +40,6 @@ class CallLimits:
     """Most syntax-tree nodes (or JSON values) in one call."""
     max_depth: int = 32
     """Deepest nesting of lists/dicts in an argument."""
-    max_calls_per_reply: int = 64
     """Most calls in one list-form reply `[f(), g(), ...]`."""
     max_int_digits: int = 18
     """Most decimal digits in an integer argument (bounds big-int arithmetic inside tools)."""
@@ -175,24 +174,6 @@ def _parse_python_call_cached(text: str, limits: CallLimits) -> ToolCall | CallE
         return _call_from_node(_parse_expression(text, limits), _LiteralReader(limits))
     except _Refused as refused:
         return CallError(str(refused))
-
-
-def parse_python_calls(text: str, limits: CallLimits = DEFAULT_LIMITS) -> list[ToolCall] | CallError:
-    """BFCL's reply format: one call or a list of calls, `[f(a=1), g(b='x')]`. An empty list is no call."""
-    try:
-        node = _parse_expression(text, limits)
-        nodes = node.elts if isinstance(node, (ast.List, ast.Tuple)) else [node]
-        if len(nodes) > limits.max_calls_per_reply:
-            raise _Refused(f"{len(nodes)} calls in one reply; the limit is {limits.max_calls_per_reply}")
-        reader = _LiteralReader(limits)  # one reader: the node budget covers the whole reply
-        return [_call_from_node(item, reader) for item in nodes]
-    except _Refused as refused:
-        return CallError(str(refused))
-
-
-# --------------------------------------------------------------------------------------------------------------
-# JSON calls
-# --------------------------------------------------------------------------------------------------------------
 
 
 def _check_json_value(value: Any, limits: CallLimits, budget: list[int], depth: int = 0) -> None:

@@ -18,9 +18,17 @@ import argparse
 import inspect
 import json
 import sys
+import typing
 from typing import Any, Sequence
 
+from coevolve.config import ModelSection, RolloutSection
 from coevolve.policy.chat import DEMO_CHOICES
+
+MODEL, ROLLOUT = ModelSection(), RolloutSection()
+"""`coevolve eval` takes its model and rollout defaults from the config's sections (one definition each)."""
+DTYPES = typing.get_args(typing.get_type_hints(ModelSection)["dtype"])
+REPLY_FORMATS = typing.get_args(typing.get_type_hints(ModelSection)["reply_format"])
+TOOL_STYLES = typing.get_args(typing.get_type_hints(ModelSection)["tool_style"])
 
 EXIT_USAGE = 2
 
@@ -44,23 +52,25 @@ def _eval_parser(subparsers) -> None:
     model.add_argument("--backend", default="transformers", choices=("transformers", "vllm", "openai"))
     model.add_argument("--base-url", default=None, help="openai backend: the endpoint, e.g. http://localhost:8000/v1")
     model.add_argument("--samples", type=int, default=1, help="K samples per task (accuracy = mean success)")
-    model.add_argument("--format", dest="reply_format", default="python", choices=("python", "hermes", "code"),
-                       help="tool-call format the model is prompted for (default: BFCL's Python-call list; "
-                            "code = fenced code blocks, AppWorld's way)")
-    model.add_argument("--tool-style", default="json", choices=("json", "signatures"),
+    model.add_argument("--format", dest="reply_format", default=MODEL.reply_format, choices=REPLY_FORMATS,
+                       help="tool-call format the model is prompted for (model.reply_format; default: BFCL's "
+                            "Python-call list; code = fenced code blocks, AppWorld's way)")
+    model.add_argument("--tool-style", default=MODEL.tool_style, choices=TOOL_STYLES,
                        help="tools in the system prompt as BFCL's JSON docs or one line per tool (~1/3 the tokens)")
-    model.add_argument("--demos", type=int, default=0,
-                       help="worked examples in the prompt, solved by their ground truth, taken from tasks that are "
-                            "not evaluated (the train split for bfcl-lite)")
-    model.add_argument("--demo-choice", default=DEMO_CHOICES[0], choices=DEMO_CHOICES,
+    model.add_argument("--demos", type=int, default=MODEL.demos,
+                       help=f"worked examples in the prompt (model.demos, default {MODEL.demos}), solved by their "
+                            "ground truth, taken from tasks that are not evaluated (the train split for bfcl-lite)")
+    model.add_argument("--demo-choice", default=MODEL.demo_choice, choices=DEMO_CHOICES,
                        help="which tasks become the examples: a new first tool each, in order (default), or the most "
                             "tools not yet shown, multi-call tasks included (the quickstart's prompt)")
     model.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    model.add_argument("--max-new-tokens", type=int, default=256, help="token budget of one reply")
-    model.add_argument("--max-replies-per-turn", type=int, default=4)
+    model.add_argument("--max-new-tokens", type=int, default=ROLLOUT.max_new_tokens,
+                       help=f"token budget of one reply (rollout.max_new_tokens, default {ROLLOUT.max_new_tokens})")
+    model.add_argument("--max-replies-per-turn", type=int, default=ROLLOUT.max_replies_per_turn,
+                       help=f"rollout.max_replies_per_turn (default {ROLLOUT.max_replies_per_turn})")
     model.add_argument("--seed", type=int, default=0)
-    model.add_argument("--device", default="auto")
-    model.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    model.add_argument("--device", default=MODEL.device)
+    model.add_argument("--dtype", default=MODEL.dtype, choices=DTYPES)
     parser.add_argument("--scope", default="official", choices=("official", "exposed"),
                         help="dispatch scope: official = every public method of the involved classes, as the "
                              "official BFCL executor (default); exposed = only the tools shown in the turn")
@@ -139,7 +149,8 @@ def _eval_model(args: argparse.Namespace, env, options: dict) -> int:
     renderer = ChatRenderer(getattr(backend, "tokenizer", None), args.reply_format, demonstrations=demos,
                             tool_style=args.tool_style)
     config = RolloutConfig(group_size=args.samples, max_new_tokens=args.max_new_tokens,
-                           max_replies_per_turn=args.max_replies_per_turn,
+                           max_replies_per_turn=args.max_replies_per_turn, max_turns=ROLLOUT.max_turns,
+                           max_episode_tokens=ROLLOUT.max_episode_tokens,
                            sampling=SamplingConfig(temperature=args.temperature, seed=args.seed))
     report, _ = _with_progress(lambda progress: evaluate_model(
         env, tasks, backend, renderer, config, args.policy, getattr(env, "category", ""), progress), quiet=args.json)
@@ -257,8 +268,8 @@ def _serve_parser(subparsers) -> None:
     parser.add_argument("--model", default="smollm2", help="model id or path (default: the shipped SmolLM2)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    parser.add_argument("--device", default=MODEL.device)
+    parser.add_argument("--dtype", default=MODEL.dtype, choices=DTYPES)
     parser.set_defaults(handler=run_serve)
 
 

@@ -11,22 +11,26 @@ for its type, so a bad config fails before any model is loaded. Names follow wha
 from __future__ import annotations
 
 import dataclasses
-import os
-import tempfile
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
-from coevolve.policy.chat import DEMO_CHOICES
+from coevolve.explore import ExploreConfig
+from coevolve.jsonl import atomic_write_text
+from coevolve.policy.chat import DemoChoice
+from coevolve.pool import BatchMix
+from coevolve.rollout import RolloutConfig
+from coevolve.signals import SignalConfig
+from coevolve.validate import ValidationConfig
 
-MODES = ("zero-shot", "static", "synthetic", "random", "coevolve")
+Mode = Literal["zero-shot", "static", "synthetic", "random", "coevolve"]
 """The paper's ablation ladder (coevolve.loop): zero-shot (evaluate only), static (GRPO on D_0), synthetic
 (one synthesis pass before training, then static), random (exploration without signals after every iteration),
-coevolve (signal-guided feedback after every iteration)."""
-FEEDBACK_MODES = ("random", "coevolve")
-LOSS_NORMALISATIONS = ("tokens", "sequence", "constant")
+coevolve (signal-guided synthesis after every iteration)."""
+LossNormalisation = Literal["tokens", "sequence", "constant"]
 
 
 class ConfigError(ValueError):
@@ -35,7 +39,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class RunSection:
-    mode: str = "static"
+    mode: Mode = "static"
     output_dir: str = "runs/default"
     max_steps: int = 20
     """Optimizer steps in the whole run."""
@@ -69,36 +73,47 @@ class EnvSection:
 class ModelSection:
     name: str = "smollm2"
     """A Hub id, a local folder, or `smollm2` (the shipped SmolLM2-135M-Instruct)."""
-    dtype: str = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     device: str = "auto"
-    reply_format: str = "python"
+    """`auto` (CUDA when present, else CPU), `cpu`, `cuda`, `cuda:N`, `mps`."""
+    reply_format: Literal["python", "hermes", "code"] = "python"
     """How the model writes calls: `python` (BFCL's list of calls), `hermes` (`<tool_call>` JSON) or `code` (fenced
     code blocks, one action each: AppWorld's way)."""
     demos: int = 3
     """Worked examples (train tasks solved by their ground truth) in every prompt."""
-    demo_choice: str = "first-tool"
+    demo_choice: DemoChoice = "first-tool"
     """Which train tasks become the examples: `first-tool` (in order, a new first tool each) or `coverage` (the
     most tools not yet shown, multi-call tasks included); see coevolve.policy.chat.build_demonstrations."""
     chat_template: str | None = None
     """A Jinja file to use instead of the tokenizer's template (e.g. a tool-aware one)."""
-    tool_style: str = "json"
+    tool_style: Literal["json", "signatures"] = "json"
     """How the system prompt lists the tools: `json` (BFCL's docs) or `signatures` (one line per tool, ~1/3 of
     the tokens); see coevolve.policy.chat."""
 
 
 @dataclass(frozen=True)
 class RolloutSection:
-    group_size: int = 4
-    """K: rollouts per task, one GRPO group (TRL's num_generations)."""
-    max_new_tokens: int = 64
+    """The rollout engine's limits (`coevolve.rollout.RolloutConfig`, whose defaults these are) and the training
+    samples' sampling settings. `coevolve eval` takes its defaults from here too (it samples greedily unless
+    told otherwise)."""
+
+    group_size: int = RolloutConfig.group_size
+    """K: rollouts per task, one GRPO group."""
+    max_new_tokens: int = RolloutConfig.max_new_tokens
     """Tokens in one model reply."""
-    max_replies_per_turn: int = 2
-    max_turns: int | None = None
-    max_episode_tokens: int = 512
-    """Completion tokens (model + env) of a whole episode; also TRL's max_completion_length."""
+    max_replies_per_turn: int = RolloutConfig.max_replies_per_turn
+    max_turns: int | None = RolloutConfig.max_turns
+    max_episode_tokens: int = RolloutConfig.max_episode_tokens
+    """Completion tokens (model + env) of a whole episode; also the trainer's longest completion."""
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+
+    def engine(self) -> RolloutConfig:
+        """The engine's limits (sampling is set per call: per step in training, greedy in evaluation)."""
+        return RolloutConfig(group_size=self.group_size, max_new_tokens=self.max_new_tokens,
+                             max_replies_per_turn=self.max_replies_per_turn, max_turns=self.max_turns,
+                             max_episode_tokens=self.max_episode_tokens)
 
 
 @dataclass(frozen=True)
@@ -120,14 +135,15 @@ class GRPOSection:
     False = the paper's plain beta * KL."""
     ref_model: str | None = None
     """Reference policy for the KL term; None = the initial policy."""
-    loss_normalisation: str = "tokens"
+    loss_normalisation: LossNormalisation = "tokens"
     """`tokens`: 1/sum of model tokens over the step (the paper's 1/sum_k |tau_k|, TRL `dapo`);
     `sequence`: mean over each trajectory's tokens, then over trajectories (TRL `grpo`);
     `constant`: 1/(trajectories x max_episode_tokens) (Dr. GRPO, TRL `dr_grpo`)."""
-    scale_rewards: str = "group"
+    scale_rewards: Literal["group", "batch", "none"] = "group"
     """Advantage = (R - group mean) / (std + 1e-4) with std over the `group`, the `batch`, or `none` (no division)."""
-    num_iterations: int = 1
-    """Optimisation passes over each batch of rollouts (mu); > 1 makes the ratio r differ from 1."""
+    passes_per_batch: int = 1
+    """Optimisation passes over each step's batch of rollouts (mu in the GRPO papers); > 1 makes the ratio r
+    differ from 1. Not the CoEvolve iteration (see `loop.steps_per_iteration`)."""
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
     warmup_steps: int = 0
@@ -136,7 +152,7 @@ class GRPOSection:
     gradient_checkpointing: bool = False
     mask_truncated: bool = False
     """Drop trajectories cut by a limit from the loss (DAPO's overlong filtering)."""
-    reward: str = "env"
+    reward: Literal["env", "graded"] = "env"
     """What GRPO maximises: `env` = the env's score (the paper); `graded` = the env score when solved, else
     `partial_credit` x how well the calls match the ground truth (`coevolve.reward`). Held-out success is the env's."""
     partial_credit: float = 0.5
@@ -144,6 +160,12 @@ class GRPOSection:
     shared_prefix: bool = True
     """Score the prompt prefix common to a micro-batch once (the same log-probabilities and gradients, a fraction
     of the work; `coevolve.prefix`). Applies in one process without gradient checkpointing; else TRL's path."""
+    skip_flat_micro_batches: bool = True
+    """Skip the forward/backward of a micro-batch whose advantages are all zero when nothing else is in the loss
+    (beta = 0): its loss and gradient are exactly zero (`coevolve.train`). False = TRL's work, for comparison."""
+    compact_scoring_on_cpu: bool = True
+    """On CPU, score only the completion positions (TRL's compact path; the same log-probabilities). False =
+    TRL's default full-sequence scoring, for comparison."""
 
 
 @dataclass(frozen=True)
@@ -158,7 +180,7 @@ class LoraSection:
 @dataclass(frozen=True)
 class VLLMSection:
     enabled: bool = False
-    mode: str = "colocate"
+    mode: Literal["colocate", "server"] = "colocate"
     """`colocate` (vLLM shares the training GPUs) or `server` (a `trl vllm-serve` process)."""
     gpu_memory_utilization: float = 0.3
     tensor_parallel_size: int = 1
@@ -169,7 +191,7 @@ class VLLMSection:
 
 @dataclass(frozen=True)
 class LoopSection:
-    """The CoEvolve loop: iterations of GRPO steps, each followed by signals, feedback and (every E) evaluation."""
+    """The CoEvolve loop: iterations of GRPO steps, each followed by signals, synthesis and (every E) evaluation."""
 
     steps_per_iteration: int = 5
     """GRPO optimizer steps per iteration (run.max_steps in all: the last iteration may be shorter)."""
@@ -181,41 +203,37 @@ class LoopSection:
     eval_category: str | None = None
     eval_limit: int | None = 40
     """Held-out tasks evaluated (the first N of the split: a fixed set, never trained on)."""
-    signals: tuple[str, ...] = ("forgetting", "boundary", "rare")
-    """Signals that steer the feedback (switch one off for the paper's signal ablations)."""
-    window: int = 3
-    """W of the forgetting signal."""
-    theta_percent: float = 1.0
-    """θ of the rare signal."""
-    synthetic_fraction: float | None = None
+    synthetic_fraction: float | None = BatchMix.synthetic_fraction
     """Share of synthetic tasks in each iteration's sample of D_t (None: sample D_t as a whole)."""
     synthetic_contexts: int = 16
     """Mode synthetic: exploration contexts (random tasks of D_0) of the one synthesis pass before training."""
 
 
 @dataclass(frozen=True)
-class FeedbackSection:
-    """The feedback phase: exploration, abstraction and validation (coevolve.feedback builds it from this)."""
+class SynthesisSection:
+    """Synthesis: exploration, abstraction and validation of new tasks (`coevolve.synthesis` builds it from this)."""
 
-    explorer: str = "offline"
-    """`offline` (no LLM), `llm` (the endpoint below when `llm_base_url` is set, else the policy being trained)."""
-    abstractor: str = "template"
+    explorer: Literal["offline", "policy", "llm"] = "offline"
+    """`offline` (no LLM), `policy` (the policy being trained explores, through its own prompt) or `llm` (the
+    OpenAI-compatible endpoint at `llm_base_url`)."""
+    abstractor: Literal["template", "llm"] = "template"
     """`template` (no LLM) or `llm` (needs `llm_base_url`)."""
-    step_budget: int = 6
+    step_budget: int = ExploreConfig.step_budget
     """Calls per exploration episode."""
-    episodes_per_context: int = 1
+    episodes_per_context: int = ExploreConfig.episodes_per_context
     max_contexts: int = 16
     """Signal events explored per iteration (forgetting first, then boundary, then rare)."""
     time_budget_seconds: float | None = None
-    """Wall-clock cap of one feedback phase; what is left when it runs out is skipped and counted."""
-    focus_weight: float = 0.7
-    max_solution_calls: int = 3
-    """Longest solution the abstractors write."""
-    dedup_threshold: float = 0.9
+    """Wall-clock cap of one synthesis phase; what is left when it runs out is skipped and counted."""
+    focus_weight: float = ExploreConfig.focus_weight
+    """Offline explorer: probability that a step's tool is one the signal's evidence names."""
+    max_solution_calls: int = ValidationConfig.max_solution_calls
+    """Longest solution the abstractors write and the validator accepts."""
+    dedup_threshold: float = ValidationConfig.dedup_threshold
     """Near-duplicate threshold on (query + solution similarity) / 2; see coevolve.validate."""
-    check_execution: bool = True
+    check_execution: bool = ValidationConfig.check_execution
     """False: the paper's no-validation ablation (shape, safety and duplicate checks only)."""
-    max_call_chars: int = 512
+    max_call_chars: int = ValidationConfig.max_call_chars
     """Longest call in a synthesized solution (AppWorld's calls carry whole code cells: raise it there)."""
     llm_base_url: str | None = None
     llm_model: str = "local"
@@ -225,6 +243,14 @@ class FeedbackSection:
     """Endpoint errors (connection, timeout, 429, 5xx) retried with exponential backoff, then the episode is skipped."""
     llm_max_format_retries: int = 2
     """Malformed abstractor replies sent back with the reason, at most this many times."""
+
+    def exploration(self) -> ExploreConfig:
+        return ExploreConfig(step_budget=self.step_budget, episodes_per_context=self.episodes_per_context,
+                             focus_weight=self.focus_weight)
+
+    def validation(self) -> ValidationConfig:
+        return ValidationConfig(dedup_threshold=self.dedup_threshold, check_execution=self.check_execution,
+                                max_solution_calls=self.max_solution_calls, max_call_chars=self.max_call_chars)
 
 
 @dataclass(frozen=True)
@@ -237,35 +263,27 @@ class Config:
     lora: LoraSection = field(default_factory=LoraSection)
     vllm: VLLMSection = field(default_factory=VLLMSection)
     loop: LoopSection = field(default_factory=LoopSection)
-    feedback: FeedbackSection = field(default_factory=FeedbackSection)
+    signals: SignalConfig = field(default_factory=SignalConfig)
+    synthesis: SynthesisSection = field(default_factory=SynthesisSection)
 
     def __post_init__(self) -> None:
-        _check(self.run.mode in MODES, "run.mode", f"must be one of {MODES}")
         _check(self.loop.steps_per_iteration >= 1 and self.loop.eval_every >= 0, "loop.steps_per_iteration/eval_every",
                "steps_per_iteration >= 1, eval_every >= 0")
-        _check(self.loop.steps_per_iteration % self.grpo.num_iterations == 0, "loop.steps_per_iteration",
-               "must be a multiple of grpo.num_iterations (each batch of tasks is trained on num_iterations times)")
-        unknown = sorted(set(self.loop.signals) - {"forgetting", "boundary", "rare"})
-        _check(not unknown, "loop.signals", f"unknown signal(s) {unknown}; choose among forgetting, boundary, rare")
+        _check(self.grpo.passes_per_batch >= 1, "grpo.passes_per_batch", "must be >= 1")
+        _check(self.loop.steps_per_iteration % self.grpo.passes_per_batch == 0, "loop.steps_per_iteration",
+               "must be a multiple of grpo.passes_per_batch (each batch of tasks is trained on passes_per_batch times)")
         _check(self.run.max_steps >= 1 and self.run.save_steps >= 1, "run.max_steps/save_steps", "must be >= 1")
         _check(self.rollout.group_size >= 2, "rollout.group_size", "GRPO needs at least 2 rollouts per task")
         _check(self.grpo.prompts_per_step >= 1, "grpo.prompts_per_step", "must be >= 1")
-        _check(self.grpo.loss_normalisation in LOSS_NORMALISATIONS, "grpo.loss_normalisation",
-               f"must be one of {LOSS_NORMALISATIONS}")
-        _check(self.grpo.scale_rewards in ("group", "batch", "none"), "grpo.scale_rewards", "group, batch or none")
-        _check(self.grpo.reward in ("env", "graded"), "grpo.reward", "env or graded")
         _check(0.0 <= self.grpo.partial_credit < 1.0, "grpo.partial_credit", "a number in [0, 1)")
         _check(self.grpo.beta >= 0 and self.grpo.epsilon_low >= 0 and self.grpo.epsilon_high >= 0,
                "grpo.beta/epsilon_*", "must be >= 0")
-        _check(self.model.reply_format in ("python", "hermes", "code"), "model.reply_format", "python, hermes or code")
-        _check(self.model.tool_style in ("json", "signatures"), "model.tool_style", "json or signatures")
-        _check(self.model.demo_choice in DEMO_CHOICES, "model.demo_choice", " or ".join(DEMO_CHOICES))
-        _check(self.vllm.mode in ("colocate", "server"), "vllm.mode", "colocate or server")
-        _check(self.feedback.explorer in ("offline", "llm"), "feedback.explorer", "offline or llm")
-        _check(self.feedback.abstractor in ("template", "llm"), "feedback.abstractor", "template or llm")
-        _check(self.feedback.abstractor != "llm" or self.feedback.llm_base_url is not None, "feedback.llm_base_url",
-               "the llm abstractor needs an OpenAI-compatible endpoint (e.g. `coevolve serve` or `vllm serve`)")
-        _check(self.feedback.step_budget >= 1 and self.feedback.max_contexts >= 0, "feedback.step_budget/max_contexts",
+        synthesis = self.synthesis
+        for role in ("explorer", "abstractor"):
+            _check(getattr(synthesis, role) != "llm" or synthesis.llm_base_url is not None, "synthesis.llm_base_url",
+                   f"synthesis.{role}: llm needs an OpenAI-compatible endpoint (e.g. `coevolve serve` or `vllm "
+                   "serve`); for the policy itself as explorer, set synthesis.explorer: policy")
+        _check(synthesis.step_budget >= 1 and synthesis.max_contexts >= 0, "synthesis.step_budget/max_contexts",
                "step_budget >= 1, max_contexts >= 0")
         micro = self.grpo.micro_batch_size or self.rollout.group_size
         _check((self.grpo.prompts_per_step * self.rollout.group_size) % micro == 0, "grpo.micro_batch_size",
@@ -289,8 +307,14 @@ def _plain(value: Any) -> Any:
 
 
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
-    """Check `value` against a field's annotation (bool, int, float, str, None, tuple[str, ...], unions)."""
+    """Check `value` against a field's annotation (bool, int, float, str, None, Literal choices, tuple[X, ...],
+    unions): the one place a choice or a type is checked."""
     origin = typing.get_origin(annotation)
+    if origin is Literal:
+        choices = typing.get_args(annotation)
+        if value in choices and isinstance(value, str):
+            return value
+        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(choices)}")
     if origin in (typing.Union, types.UnionType):
         for option in typing.get_args(annotation):
             try:
@@ -338,11 +362,49 @@ def _section(cls: type, values: Mapping[str, Any], name: str) -> Any:
     unknown = sorted(set(values) - known)
     if unknown:
         raise ConfigError(f"{name}: unknown key(s) {unknown}; known: {sorted(known)}")
-    return cls(**{key: _coerce(value, hints[key], f"{name}.{key}") for key, value in values.items()})
+    checked = {key: _coerce(value, hints[key], f"{name}.{key}") for key, value in values.items()}
+    try:
+        return cls(**checked)
+    except ValueError as error:  # an internal config's own range checks (SignalConfig, ...)
+        raise ConfigError(f"{name}: {error}") from None
+
+
+RENAMED_KEYS = {
+    ("grpo", "num_iterations"): ("grpo", "passes_per_batch"),
+    ("loop", "signals"): ("signals", "enabled"),
+    ("loop", "window"): ("signals", "window"),
+    ("loop", "theta_percent"): ("signals", "theta_percent"),
+}
+"""Keys renamed in 0.2 (old -> new); the old ones still work, with a warning, until the next release."""
+RENAMED_SECTIONS = {"feedback": "synthesis"}
+
+
+def _renamed(data: Mapping[str, Any]) -> dict[str, Any]:
+    """`data` with every renamed key moved to its new place and a FutureWarning naming the new key; an old and a
+    new key given together is an error (which one would win is not obvious)."""
+    data = {name: dict(values) if isinstance(values, Mapping) else values for name, values in data.items()}
+    moves = [((old, key), (new, key)) for old, new in RENAMED_SECTIONS.items()
+             if isinstance(data.get(old), Mapping) for key in data[old]] + list(RENAMED_KEYS.items())
+    for (section, key), (new_section, new_key) in moves:
+        if not isinstance(data.get(section), dict) or key not in data[section]:
+            continue
+        target = data.setdefault(new_section, {})
+        if not isinstance(target, dict):
+            continue  # the section check below names it
+        if new_key in target:
+            raise ConfigError(f"{section}.{key} and {new_section}.{new_key} are the same setting; keep "
+                              f"{new_section}.{new_key}")
+        warnings.warn(f"config: {section}.{key} is now {new_section}.{new_key}; the old name works until the next "
+                      "release", FutureWarning, stacklevel=3)
+        target[new_key] = data[section].pop(key)
+    for old in RENAMED_SECTIONS:
+        if data.get(old) == {}:
+            del data[old]
+    return data
 
 
 def from_dict(data: Mapping[str, Any] | None) -> Config:
-    data = dict(data or {})
+    data = _renamed(data or {})
     hints = typing.get_type_hints(Config)
     unknown = sorted(set(data) - set(hints))
     if unknown:
@@ -397,11 +459,4 @@ def write_config(config: Config, path: str | Path) -> None:
     """Write the resolved config atomically (a crash leaves the old file or the new one, never half of one)."""
     import yaml
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = yaml.safe_dump(config.to_dict(), sort_keys=False)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(handle.name, path)
+    atomic_write_text(Path(path), yaml.safe_dump(config.to_dict(), sort_keys=False))

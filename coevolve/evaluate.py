@@ -12,12 +12,12 @@ task; `accuracy` is then the mean success over all samples, an estimate of pass@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from coevolve.envs.base import Env
+from coevolve.jsonl import jsonl_rows
 from coevolve.records import Check, Score, Task
 
 Script = list[list[list[Any]]]
@@ -146,27 +146,24 @@ def load_replay(path: str | Path, known_names: set[str] | None = None) -> dict[s
     if not path.is_file():
         raise ReplayError(f"replay file {str(path)!r} does not exist")
     scripts: dict[str, Script] = {}
-    with path.open(encoding="utf-8", errors="replace") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_number}"
-            try:
-                row = json.loads(line)
-            except ValueError as error:
-                raise ReplayError(f"{where}: not valid JSON ({error.msg})") from None
-            if not isinstance(row, Mapping) or "id" not in row or "turns" not in row:
-                raise ReplayError(f"{where}: expected an object with 'id' and 'turns'")
-            name, turns = row["id"], row["turns"]
-            if not isinstance(name, str):
-                raise ReplayError(f"{where}: 'id' must be a string")
-            if not isinstance(turns, list):
-                raise ReplayError(f"{where}: 'turns' must be a list of turns")
-            if name in scripts:
-                raise ReplayError(f"{where}: task {name!r} appears twice")
-            if known_names is not None and name not in known_names:
-                raise ReplayError(f"{where}: unknown task id {name!r} for this env/category")
-            scripts[name] = [_normalise_turn(turn, where) for turn in turns]
+    try:
+        rows = list(jsonl_rows(path))
+    except ValueError as error:
+        raise ReplayError(str(error)) from None
+    for line_number, row in rows:
+        where = f"{path}:{line_number}"
+        if not isinstance(row, Mapping) or "id" not in row or "turns" not in row:
+            raise ReplayError(f"{where}: expected an object with 'id' and 'turns'")
+        name, turns = row["id"], row["turns"]
+        if not isinstance(name, str):
+            raise ReplayError(f"{where}: 'id' must be a string")
+        if not isinstance(turns, list):
+            raise ReplayError(f"{where}: 'turns' must be a list of turns")
+        if name in scripts:
+            raise ReplayError(f"{where}: task {name!r} appears twice")
+        if known_names is not None and name not in known_names:
+            raise ReplayError(f"{where}: unknown task id {name!r} for this env/category")
+        scripts[name] = [_normalise_turn(turn, where) for turn in turns]
     return scripts
 
 

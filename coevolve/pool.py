@@ -21,7 +21,7 @@ with the id it duplicates. (The same query and solution from another initial sta
 long-context entries repeat base entries' queries over a larger state.)
 
 Sampling: a seeded draw without replacement, weighted (Efraimidis–Spirakis keys u^(1/w)), from a configurable
-mix of seed and synthetic tasks, with caps per parent task and per signal for synthetic tasks (`SamplingConfig`).
+mix of seed and synthetic tasks, with caps per parent task and per signal for synthetic tasks (`BatchMix`).
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def dedup_key(task: Task) -> str:
 
 
 @dataclass(frozen=True)
-class SamplingConfig:
+class BatchMix:
     """How one iteration's training batch is drawn from D_t."""
 
     synthetic_fraction: float | None = None
@@ -349,7 +349,7 @@ class TaskPool:
         iteration: int,
         count: int,
         rng_seed: int,
-        config: SamplingConfig = SamplingConfig(),
+        config: BatchMix = BatchMix(),
         weights: Mapping[str, float] | None = None,
     ) -> list[Task]:
         """Draw up to `count` distinct tasks of D_iteration; the same arguments always give the same list.
@@ -427,10 +427,6 @@ class TaskPool:
         )
         return {task_id: list(map(itemgetter(1), group)) for task_id, group in groupby(rows, itemgetter(0))}
 
-    def integrity_check(self) -> str:
-        """SQLite's own `PRAGMA integrity_check` verdict: 'ok' when the file is sound."""
-        return "; ".join(row[0] for row in self._db.execute("PRAGMA integrity_check"))
-
 
 def _check_task(task: Task) -> None:
     p = task.provenance
@@ -452,7 +448,7 @@ def draw(
     rows: Sequence[tuple[str, str, str | None, str | None]],
     count: int,
     rng: random.Random,
-    config: SamplingConfig,
+    config: BatchMix,
     weights: Mapping[str, float],
 ) -> list[str]:
     """Pick up to `count` ids from (id, source, parent_id, signal) rows: weighted, without replacement, capped.

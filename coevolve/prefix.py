@@ -88,3 +88,26 @@ def shared_prefix_logps(model: Any, input_ids: torch.Tensor, attention_mask: tor
     logps = outputs.log_probs[:, -logits_to_keep:]
     entropies = outputs.entropy[:, -logits_to_keep:] if compute_entropy else None
     return logps, entropies
+
+
+def flat_groups_last(advantages: Any, group_size: int) -> list[int]:
+    """Row order for a generation batch laid out as consecutive groups of `group_size`: groups with a nonzero
+    advantage first, then flat ones (every advantage zero), each group whole and in its original order."""
+    rows = len(advantages)
+    if group_size <= 0 or rows % group_size:
+        return list(range(rows))
+    starts = range(0, rows, group_size)
+    flat = [not any(float(a) != 0.0 for a in advantages[start:start + group_size]) for start in starts]
+    ordered = [start for start, is_flat in zip(starts, flat) if not is_flat]
+    ordered += [start for start, is_flat in zip(starts, flat) if is_flat]
+    return [row for start in ordered for row in range(start, start + group_size)]
+
+
+def permuted(value: Any, order: list[int]) -> Any:
+    """`value` (a per-row tensor or list of a generation batch) in `order`; scalars and None as they are (the
+    same rule as TRL's `shuffle_sequence_dict`)."""
+    if value is None or (hasattr(value, "ndim") and value.ndim == 0):
+        return value
+    if hasattr(value, "ndim"):
+        return value[order]
+    return [value[i] for i in order]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
 Message = Mapping[str, str]  # {"role": "user", "content": "..."}
@@ -124,9 +124,6 @@ class Task(_JsonRecord):
     @property
     def num_turns(self) -> int:
         return len(self.turns)
-
-    def with_provenance(self, provenance: Provenance) -> "Task":
-        return replace(self, provenance=provenance)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Task":

@@ -3,7 +3,7 @@
 What it shows, from the files the loop writes (coevolve.loop): the run's summary and resolved config; success per
 iteration (train rollouts, held-out); signal counts per iteration, stacked by kind; the pool's size per iteration
 by source; wall time per iteration, stacked by phase, with the feedback share; and a table of every candidate
-the feedback phase validated, with its lineage — signal -> flagged trajectories -> exploration episode ->
+synthesis validated, with its lineage — signal -> flagged trajectories -> exploration episode ->
 candidate (query, solution) -> verdict -> task — filterable to the accepted ones. Plots are inline SVG drawn
 here; everything is escaped (queries and solutions are model output).
 """
@@ -15,20 +15,10 @@ import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from coevolve.jsonl import atomic_write_text, read_jsonl
+
 COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")
 WIDTH, HEIGHT, PAD = 560, 240, 40
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a half-written last line of a killed run
-            continue
-    return rows
 
 
 def _scale(values: Sequence[float], top: float | None = None) -> float:
@@ -133,13 +123,13 @@ pre { background: #f6f6f6; padding: 8px; font-size: 12px; max-height: 320px; ove
 
 def render(directory: str | Path) -> str:
     directory = Path(directory)
-    metrics = _read_jsonl(directory / "metrics.jsonl")
-    lineage = _read_jsonl(directory / "feedback.jsonl")
+    metrics = read_jsonl(directory / "metrics.jsonl")
+    lineage = read_jsonl(directory / "synthesis.jsonl")
     summary = json.loads((directory / "summary.json").read_text()) if (directory / "summary.json").exists() else {}
     config = (directory / "config.yaml").read_text() if (directory / "config.yaml").exists() else ""
     labels = [m["iteration"] for m in metrics]
     kinds = ("forgetting", "boundary", "rare")
-    phases = ("train", "signals", "feedback", "eval")
+    phases = ("train", "signals", "synthesis", "eval")
     plots = [
         line_plot("Success rate", labels, {
             "train rollouts": [m.get("train_success") for m in metrics],
@@ -170,7 +160,5 @@ def write_report(directory: str | Path) -> Path:
     if not (directory / "metrics.jsonl").exists():
         raise FileNotFoundError(f"{directory} has no metrics.jsonl: not a coevolve run directory")
     target = directory / "report.html"
-    temporary = target.with_suffix(".tmp")
-    temporary.write_text(render(directory))
-    temporary.replace(target)
+    atomic_write_text(target, render(directory))
     return target

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 from coevolve.envs.base import Env, Episode
 from coevolve.policy.backends import ChatBackend, Generation, SamplingConfig, TokenBackend
@@ -254,3 +254,61 @@ def rollout(env: Env, tasks: Sequence[Task], backend: TokenBackend | ChatBackend
                 _apply_chat_reply(run, generation, config, renderer.reply_format)
     trajectories = tuple(run.trajectory(iteration) for run in runs)
     return RolloutBatch(trajectories, calls, generated, time.perf_counter() - started)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What training keeps of a step's rollouts
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepRollouts:
+    """The rollouts of one optimizer step: what the trainer learned from and what the loop's signals read."""
+
+    step: int
+    trajectories: tuple[Trajectory, ...]
+    seconds: float
+
+    @property
+    def success_rate(self) -> float:
+        return sum(t.score >= 1.0 for t in self.trajectories) / max(1, len(self.trajectories))
+
+    def summary(self) -> dict[str, Any]:
+        groups: dict[str, list[float]] = {}
+        for trajectory in self.trajectories:
+            groups.setdefault(trajectory.task_id, []).append(trajectory.score)
+        return {
+            "step": self.step,
+            "rollout/success_rate": self.success_rate,
+            "rollout/mean_score": sum(t.score for t in self.trajectories) / max(1, len(self.trajectories)),
+            "rollout/mixed_groups": sum(len(set(scores)) > 1 for scores in groups.values()),
+            "rollout/groups": len(groups),
+            "rollout/model_tokens": sum(sum(t.completion_mask) for t in self.trajectories),
+            "rollout/truncated": sum(t.truncated for t in self.trajectories),
+            "rollout/seconds": round(self.seconds, 4),
+        }
+
+
+def group_runs(task_ids: Sequence[str]) -> tuple[list[str], int]:
+    """(distinct ids in order, K) when the ids come as equal runs of K copies (TRL's sampler, one process);
+    else (the ids themselves, 1): each occurrence is then one episode (a group split across processes)."""
+    runs: list[list[str]] = []
+    for task_id in task_ids:
+        if runs and runs[-1][0] == task_id:
+            runs[-1].append(task_id)
+        else:
+            runs.append([task_id])
+    sizes = {len(run) for run in runs}
+    if len(sizes) == 1 and len({run[0] for run in runs}) == len(runs):
+        return [run[0] for run in runs], sizes.pop()
+    return list(task_ids), 1
+
+
+def trajectory_summary(trajectory: Trajectory) -> dict[str, Any]:
+    """A trajectory without its token record (the run directory keeps what a person and the signals read)."""
+    tokens = ("prompt_ids", "completion_ids", "completion_mask", "logprobs")
+    # Drop the token record before `asdict`, which would deep-copy a thousand ids per trajectory first.
+    data = replace(trajectory, **{key: () for key in tokens}).to_dict()
+    for key in tokens:
+        del data[key]
+    return data

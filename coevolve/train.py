@@ -1,6 +1,6 @@
 """GRPO on TRL: the paper's objective over our multi-turn rollouts. The only module that imports TRL.
 
-The objective (paper, "GRPO training objective"; DESIGN.md), per group of K trajectories tau_k of one task:
+The objective (paper, "GRPO training objective"), per group of K trajectories tau_k of one task:
 
     J(theta) = 1/sum_k |tau_k| * sum_k sum_t min(r_kt A_k, clip(r_kt, 1 - eps_low, 1 + eps_high) A_k)
                - beta * KL(pi_theta || pi_ref)
@@ -29,8 +29,9 @@ are in the sequence (the model attends to them) but carry no loss. How that maps
   where averaging the paper's per-group J over groups would weigh them equally; the paper does not say how it
   batches groups. `sequence` -> TRL `grpo` (mean per trajectory, then over trajectories) and `constant` ->
   `dr_grpo` (Dr. GRPO) are offered for comparison.
-- pi_old: with `num_iterations = 1` TRL uses the detached current logprobs (r = 1 in value, the gradient is the
-  policy gradient); with `num_iterations > 1` it stores the logprobs before the first update.
+- pi_old: with one pass per batch (`grpo.passes_per_batch = 1`, TRL's `num_iterations`) TRL uses the detached
+  current logprobs (r = 1 in value, the gradient is the policy gradient); with more passes it stores the logprobs
+  before the first update.
 - Reference model: the initial policy (TRL reloads it from the policy's path), or `grpo.ref_model`, or with LoRA
   the base model under a disabled adapter.
 - Truncated trajectories (`grpo.mask_truncated`) are dropped from the loss by zeroing their `env_mask`, using our
@@ -38,15 +39,20 @@ are in the sequence (the model attends to them) but carry no loss. How that maps
 - Work, not maths (in one process): micro-batches hold whole groups instead of TRL's shuffled rows, the prompt
   prefix a micro-batch shares is scored once (`coevolve.prefix`), and a micro-batch whose advantages are all zero
   skips the model when beta = 0 (its loss and gradient are exactly zero). The step's gradient is unchanged.
+- The seam: everything private of TRL/transformers this module overrides or reads is listed in `TRL_SEAM` and
+  checked against the installed TRL when a trainer is built (`check_trl`), so an upgrade that moves one fails at
+  start with the supported versions named, not mid-run.
+- The loop's GRPO steps (`train_steps`): `trainer.train()` once per CoEvolve iteration, resumed from the checkpoint
+  the previous call saved at its last step, so the optimizer, scheduler and RNG carry over exactly as in one
+  uninterrupted call (and as after a kill: a resume is the same path).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -54,11 +60,12 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "exper
 
 from coevolve.config import Config, ConfigError
 from coevolve.envs.base import Env
+from coevolve.jsonl import JsonLines
 from coevolve.policy.backends import SamplingConfig
 from coevolve.policy.chat import ChatRenderer
 from coevolve.records import Task, Trajectory
 from coevolve.reward import training_reward
-from coevolve.rollout import RolloutBatch, RolloutConfig, rollout
+from coevolve.rollout import RolloutBatch, RolloutConfig, StepRollouts, group_runs, rollout
 
 LOSS_TYPES = {"tokens": "dapo", "sequence": "grpo", "constant": "dr_grpo"}
 """grpo.loss_normalisation -> TRL loss_type (see the module docstring)."""
@@ -67,49 +74,6 @@ CHECKPOINTS = "checkpoints"
 
 class TrainingError(RuntimeError):
     """Training cannot go on as asked (the message says why and what to do)."""
-
-
-@dataclass(frozen=True)
-class StepRollouts:
-    """The rollouts of one optimizer step: what the trainer learned from and what the loop's signals read."""
-
-    step: int
-    trajectories: tuple[Trajectory, ...]
-    seconds: float
-
-    @property
-    def success_rate(self) -> float:
-        return sum(t.score >= 1.0 for t in self.trajectories) / max(1, len(self.trajectories))
-
-    def summary(self) -> dict[str, Any]:
-        groups: dict[str, list[float]] = {}
-        for trajectory in self.trajectories:
-            groups.setdefault(trajectory.task_id, []).append(trajectory.score)
-        return {
-            "step": self.step,
-            "rollout/success_rate": self.success_rate,
-            "rollout/mean_score": sum(t.score for t in self.trajectories) / max(1, len(self.trajectories)),
-            "rollout/mixed_groups": sum(len(set(scores)) > 1 for scores in groups.values()),
-            "rollout/groups": len(groups),
-            "rollout/model_tokens": sum(sum(t.completion_mask) for t in self.trajectories),
-            "rollout/truncated": sum(t.truncated for t in self.trajectories),
-            "rollout/seconds": round(self.seconds, 4),
-        }
-
-
-def _groups(task_ids: Sequence[str]) -> tuple[list[str], int]:
-    """(distinct ids in order, K) when the ids come as equal runs of K copies (TRL's sampler, one process);
-    else (the ids themselves, 1): each occurrence is then one episode (a group split across processes)."""
-    runs: list[list[str]] = []
-    for task_id in task_ids:
-        if runs and runs[-1][0] == task_id:
-            runs[-1].append(task_id)
-        else:
-            runs.append([task_id])
-    sizes = {len(run) for run in runs}
-    if len(sizes) == 1 and len({run[0] for run in runs}) == len(runs):
-        return [run[0] for run in runs], sizes.pop()
-    return list(task_ids), 1
 
 
 class EnvRollouts:
@@ -145,7 +109,9 @@ class EnvRollouts:
         self.iteration = iteration
 
     @contextlib.contextmanager
-    def _generation_backend(self, trainer: Any) -> Iterator[Any]:
+    def generation_backend(self, trainer: Any) -> Iterator[Any]:
+        """The backend rollouts generate with: the fixed one, TRL's vLLM engine or server, or the model being
+        trained (unwrapped for generation, in eval mode)."""
         from coevolve.policy.backends import VLLMBackend, VLLMClientBackend
 
         if self.backend is not None:
@@ -178,13 +144,13 @@ class EnvRollouts:
             raise TrainingError(f"the trainer asked for unknown task ids {missing[:3]}")
         step = trainer.state.global_step + 1
         process = trainer.accelerator.process_index
-        distinct, group_size = _groups(task_ids)
+        distinct, group_size = group_runs(task_ids)
         # A seed per (run, step, process): a resumed run samples exactly what the uninterrupted one would have.
         sampling = SamplingConfig(temperature=trainer.args.temperature, top_p=trainer.args.top_p,
                                   top_k=trainer.args.top_k or 0, max_new_tokens=self.config.max_new_tokens,
                                   seed=(self.seed * 1_000_003 + step * 7919 + process) % 2**31)
         config = replace(self.config, group_size=group_size, sampling=sampling)
-        with self._generation_backend(trainer) as backend:
+        with self.generation_backend(trainer) as backend:
             batch: RolloutBatch = rollout(self.env, [self.tasks[i] for i in distinct], backend, self.renderer,
                                           config, iteration=self.iteration)
         trajectories = self._renamed(batch.trajectories, step, process)
@@ -217,14 +183,6 @@ class EnvRollouts:
         return tuple(renamed)
 
 
-def rollout_config(config: Config) -> RolloutConfig:
-    """The engine's limits from the config's rollout section (sampling is set per step by `EnvRollouts`)."""
-    section = config.rollout
-    return RolloutConfig(group_size=section.group_size, max_new_tokens=section.max_new_tokens,
-                         max_replies_per_turn=section.max_replies_per_turn, max_turns=section.max_turns,
-                         max_episode_tokens=section.max_episode_tokens)
-
-
 def env_score_reward(prompts: Sequence[Any], completions: Sequence[Any], env_score: Sequence[float],
                      **_: Any) -> list[float]:
     """The reward: the env's score of each trajectory (BFCL's binary state/response checks)."""
@@ -252,7 +210,7 @@ def slot_name(index: int) -> str:
 
 def slot_dataset(count: int) -> Any:
     """The loop's dataset: `count` slots whose tasks change every iteration (`EnvRollouts.assign_slots`). One pass
-    over it (an epoch of TRL's sampler) is one iteration: count = prompts_per_step x steps / num_iterations."""
+    over it (an epoch of TRL's sampler) is one iteration: count = prompts_per_step x steps / passes_per_batch."""
     from datasets import Dataset
 
     return Dataset.from_dict({"prompt": [slot_name(i) for i in range(count)]})
@@ -309,7 +267,7 @@ def grpo_args(config: Config, output_dir: Path, num_processes: int = 1) -> Any:
         gradient_accumulation_steps=accumulation,
         steps_per_generation=accumulation,
         num_generations=rollout_section.group_size,
-        num_iterations=grpo.num_iterations,
+        num_iterations=grpo.passes_per_batch,  # TRL's name for the passes over one batch (mu)
         max_completion_length=rollout_section.max_episode_tokens,
         temperature=rollout_section.temperature,
         top_p=rollout_section.top_p,
@@ -344,53 +302,22 @@ def lora_config(config: Config) -> Any:
                       target_modules=target if isinstance(target, str) else list(target), task_type="CAUSAL_LM")
 
 
-SKIP_ZERO_ADVANTAGE = True
-"""Skip the forward/backward of micro-batches whose loss is exactly zero (`CoevolveGRPOTrainer.compute_loss`);
-the benchmark turns it off to compare."""
-
-CPU_COMPACT_SCORING = True
-"""Score only the completion positions on CPU (see `_compact_scoring_on_cpu`); the benchmark turns it off to
-compare with bare TRL."""
-
-
-def _compact_scoring_on_cpu() -> None:
+def _compact_scoring_on_cpu(enabled: bool) -> None:
     """TRL's fused LM head scores every position of the sequence, prompt included, unless the device runs Triton:
     elsewhere it keeps tile shapes fixed to spare Neuron devices a recompilation per batch. A CPU has nothing to
     recompile, and with ~900-token prompts and ~100 completion tokens, full-vocabulary scores of the prompt are
     most of a CPU step. So on CPU we take TRL's own compact path (select the labelled positions, score those);
-    the log-probabilities are the same (the other positions are zeroed either way)."""
+    the log-probabilities are the same (the other positions are zeroed either way). `grpo.compact_scoring_on_cpu:
+    false` puts TRL's own choice back (the benchmark's baseline)."""
     import trl.trainer.utils as trl_utils
 
     original = getattr(trl_utils._use_triton, "__wrapped__", trl_utils._use_triton)
 
     def use_compact(device: Any) -> bool:
-        return (CPU_COMPACT_SCORING and device.type == "cpu") or original(device)
+        return (enabled and device.type == "cpu") or original(device)
 
     use_compact.__wrapped__ = original  # type: ignore[attr-defined]
     trl_utils._use_triton = use_compact
-
-
-def flat_groups_last(advantages: Any, group_size: int) -> list[int]:
-    """Row order for a generation batch laid out as consecutive groups of `group_size`: groups with a nonzero
-    advantage first, then flat ones (every advantage zero), each group whole and in its original order."""
-    rows = len(advantages)
-    if group_size <= 0 or rows % group_size:
-        return list(range(rows))
-    starts = range(0, rows, group_size)
-    flat = [not any(float(a) != 0.0 for a in advantages[start:start + group_size]) for start in starts]
-    ordered = [start for start, is_flat in zip(starts, flat) if not is_flat]
-    ordered += [start for start, is_flat in zip(starts, flat) if is_flat]
-    return [row for start in ordered for row in range(start, start + group_size)]
-
-
-def _permuted(value: Any, order: list[int]) -> Any:
-    """`value` (a per-row tensor or list of a generation batch) in `order`; scalars and None as they are (the
-    same rule as TRL's `shuffle_sequence_dict`)."""
-    if value is None or (hasattr(value, "ndim") and value.ndim == 0):
-        return value
-    if hasattr(value, "ndim"):
-        return value[order]
-    return [value[i] for i in order]
 
 
 def _trainer_class() -> type:
@@ -398,7 +325,7 @@ def _trainer_class() -> type:
     from trl import GRPOTrainer
     from trl.trainer.grpo_trainer import split_pixel_values_by_grid, split_tensor_dict, unsplit_pixel_values_by_grid
 
-    from coevolve.prefix import MIN_SHARED_TOKENS, shared_prefix_length, shared_prefix_logps
+    from coevolve.prefix import MIN_SHARED_TOKENS, flat_groups_last, permuted, shared_prefix_length, shared_prefix_logps
 
     class CoevolveGRPOTrainer(GRPOTrainer):
         """TRL's trainer, with a task order that survives a resume, and (in one process) less work for the same
@@ -454,7 +381,7 @@ def _trainer_class() -> type:
                 batch = self._generate_and_score_completions(generation_batch)
                 batch = split_pixel_values_by_grid(batch)
                 order = flat_groups_last(batch["advantages"], self.num_generations)
-                batch = {key: _permuted(value, order) for key, value in batch.items()}
+                batch = {key: permuted(value, order) for key, value in batch.items()}
                 self._buffered_inputs = [unsplit_pixel_values_by_grid(part)
                                          for part in split_tensor_dict(batch, self.args.steps_per_generation)]
             return self._buffered_inputs[self._step % self.args.steps_per_generation]
@@ -465,7 +392,7 @@ def _trainer_class() -> type:
             auxiliary loss): its clipped-surrogate loss is exactly 0 and so is its gradient. It still returns a
             zero connected to every trainable weight, so the step's gradients exist (and are zero) as TRL's would
             be: AdamW's moments then move as they would have."""
-            flat = (SKIP_ZERO_ADVANTAGE and self.single_process() and self.beta == 0.0
+            flat = (self.coevolve_skip_flat and self.single_process() and self.beta == 0.0
                     and not self._entropy_bonus_enabled and not self.aux_loss_enabled and not return_outputs
                     and not bool(inputs["advantages"].ne(0).any()))
             self._metrics["train"]["skipped_flat_micro_batches"].append(float(flat))
@@ -474,6 +401,9 @@ def _trainer_class() -> type:
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
 
+        coevolve_skip_flat = True
+        coevolve_shared_prefix = True
+
         def single_process(self) -> bool:
             return (self.accelerator.num_processes == 1 and not self.is_deepspeed_enabled
                     and not self.is_fsdp_enabled)
@@ -481,7 +411,7 @@ def _trainer_class() -> type:
         def shared_prefix_enabled(self) -> bool:
             # Two forward calls before one backward: fine in one process; DDP/DeepSpeed/FSDP wrappers expect one.
             # Gradient checkpointing turns the key/value cache off.
-            return (getattr(self, "coevolve_shared_prefix", False) and self.single_process()
+            return (self.coevolve_shared_prefix and self.single_process()
                     and not getattr(self.args, "activation_checkpointing", False)
                     and not getattr(self.args, "gradient_checkpointing", False))
 
@@ -494,7 +424,8 @@ def build_trainer(config: Config, output_dir: Path, model_path: str, tokenizer: 
     (the loop's slots) or one row per task."""
     from accelerate import PartialState
 
-    _compact_scoring_on_cpu()
+    check_trl()
+    _compact_scoring_on_cpu(config.grpo.compact_scoring_on_cpu)
     args = grpo_args(config, output_dir, PartialState().num_processes)
     trainer = _trainer_class()(
         model=model_path,
@@ -507,6 +438,8 @@ def build_trainer(config: Config, output_dir: Path, model_path: str, tokenizer: 
         callbacks=list(callbacks),
     )
     trainer.coevolve_shared_prefix = config.grpo.shared_prefix
+    trainer.coevolve_skip_flat = config.grpo.skip_flat_micro_batches
+    check_trainer(trainer)
     if config.grpo.ref_model and config.grpo.beta > 0:
         _replace_reference(trainer, config)
     return trainer
@@ -534,6 +467,107 @@ def _replace_reference(trainer: Any, config: Config) -> None:
     trainer.ref_model = reference
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# The seam: what of TRL's and transformers' private surface we override or read, checked at start
+# ---------------------------------------------------------------------------------------------------------------
+
+TRL_SUPPORTED = ("1.16.0", "1.17.0")
+"""TRL versions this adapter is written against: at least the first, below the second (requirements pin 1.16.0)."""
+TRL_SEAM = {
+    "trl.trainer.utils": ("_use_triton", "create_model_from_path", "add_fused_lm_head", "disable_dropout_in_model"),
+    "trl.trainer.grpo_trainer": ("GRPOTrainer", "split_pixel_values_by_grid", "split_tensor_dict",
+                                 "unsplit_pixel_values_by_grid"),
+    "trl.models": ("unwrap_model_for_generation", "prepare_deepspeed", "prepare_fsdp"),
+}
+"""Module -> the names we import from it (private ones included)."""
+OVERRIDDEN = {
+    "_get_train_sampler": ("dataset",),
+    "_get_per_token_logps_and_entropies": ("model", "input_ids", "attention_mask", "logits_to_keep", "batch_size",
+                                           "compute_entropy", "compute_aux_loss"),
+    "_prepare_inputs": ("generation_batch",),
+    "_generate_and_score_completions": (),
+    "compute_loss": ("model", "inputs", "return_outputs", "num_items_in_batch"),
+    "_load_from_checkpoint": ("resume_from_checkpoint",),
+}
+"""GRPOTrainer methods we override or call -> the parameters we pass or take."""
+TRAINER_ATTRIBUTES = ("_step", "_buffered_inputs", "_metrics", "_entropy_bonus_enabled", "aux_loss_enabled",
+                      "num_generations", "num_iterations", "beta", "use_vllm")
+"""Attributes of a built GRPOTrainer we read."""
+
+
+def check_trl() -> None:
+    """Refuse, with the versions named, a TRL whose private surface is not the one this adapter overrides."""
+    import importlib
+    import inspect
+
+    import trl
+    from packaging.version import Version
+
+    low, high = TRL_SUPPORTED
+    where = f"coevolve's GRPO adapter supports trl >={low},<{high} (requirements pin {low}); installed: {trl.__version__}"
+    missing = [f"{module}.{name}" for module, names in TRL_SEAM.items()
+               for name in names if not hasattr(importlib.import_module(module), name)]
+    from trl import GRPOTrainer
+
+    for method, parameters in OVERRIDDEN.items():
+        function = getattr(GRPOTrainer, method, None)
+        if function is None:
+            missing.append(f"GRPOTrainer.{method}")
+            continue
+        known = inspect.signature(function).parameters
+        missing += [f"GRPOTrainer.{method}({name}=...)" for name in parameters if name not in known]
+    if missing:
+        raise TrainingError(f"{where}, which lacks {', '.join(missing)}")
+    if not Version(low) <= Version(trl.__version__) < Version(high):
+        import warnings
+
+        warnings.warn(f"{where}; its private surface matched, so training goes on", RuntimeWarning, stacklevel=2)
+
+
+def check_trainer(trainer: Any) -> None:
+    missing = [name for name in TRAINER_ATTRIBUTES if not hasattr(trainer, name)]
+    if missing:
+        import trl
+
+        raise TrainingError(f"coevolve's GRPO adapter supports trl >={TRL_SUPPORTED[0]},<{TRL_SUPPORTED[1]}; "
+                            f"trl {trl.__version__}'s GRPOTrainer has no {', '.join(missing)}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The loop's GRPO steps: one `train()` call per CoEvolve iteration
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def train_steps(trainer: Any, directory: Path, until_step: int) -> int:
+    """Run GRPO steps up to optimizer step `until_step` (saving a checkpoint there), resuming from the run's last
+    checkpoint; returns the global step reached. Each call is a `trainer.train(resume_from_checkpoint=...)`: the
+    weights, optimizer, scheduler, RNG and step counter come back from the checkpoint the previous call saved, so
+    a run of T calls trains exactly as one call over all steps would (tested), and a run resumed after a kill
+    takes the very same path."""
+    from transformers import TrainerCallback
+
+    class _StopAt(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step >= until_step:
+                control.should_save = True  # the next call (or a resume) starts here
+                control.should_training_stop = True
+            return control
+
+    checkpoint = last_checkpoint(directory)
+    stop = _StopAt()
+    trainer.add_callback(stop)
+    try:
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    finally:
+        trainer.remove_callback(stop)
+    return trainer.state.global_step
+
+
+def load_weights(trainer: Any, checkpoint: Path) -> None:
+    """The checkpoint's weights into the trainer's model (to evaluate them without training a step)."""
+    trainer._load_from_checkpoint(str(checkpoint))
+
+
 def checkpoint_step(path: Path) -> int:
     return int(path.name.rsplit("-", 1)[-1])
 
@@ -543,60 +577,6 @@ def last_checkpoint(output_dir: Path) -> Path | None:
     folder = output_dir / CHECKPOINTS
     done = [p for p in folder.glob("checkpoint-*") if (p / "trainer_state.json").exists()] if folder.exists() else []
     return max(done, key=checkpoint_step, default=None)
-
-
-class JsonLines:
-    """An append-only JSON-lines file, flushed and fsynced per write. On resume, lines from steps after the
-    checkpoint (trained, then lost with the kill) are dropped, atomically."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def append(self, record: dict[str, Any]) -> None:
-        self.extend([record])
-
-    def extend(self, records: Sequence[dict[str, Any]]) -> None:
-        """Append records with one write and one fsync (a step's trajectories go in together)."""
-        with self.path.open("a") as handle:
-            handle.write("".join(json.dumps(record, sort_keys=True) + "\n" for record in records))
-            handle.flush()
-            os.fsync(handle.fileno())
-
-    def read(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        records = []
-        for line in self.path.read_text().splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:  # the last line of a killed write
-                continue
-        return records
-
-    def truncate_after(self, step: int) -> None:
-        self.rewrite(lambda record: record.get("step", 0) <= step)
-
-    def rewrite(self, keep: Callable[[dict[str, Any]], bool]) -> None:
-        """Keep only the records `keep` accepts, atomically (a kill leaves the old file or the new one)."""
-        if not self.path.exists():
-            return
-        kept = [r for r in self.read() if keep(r)]
-        temporary = self.path.with_suffix(".tmp")
-        with temporary.open("w") as handle:
-            handle.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, self.path)
-
-
-def trajectory_summary(trajectory: Trajectory) -> dict[str, Any]:
-    """A trajectory without its token record (the run directory keeps what a person and the signals read)."""
-    tokens = ("prompt_ids", "completion_ids", "completion_mask", "logprobs")
-    # Drop the token record before `asdict`, which would deep-copy a thousand ids per trajectory first.
-    data = replace(trajectory, **{key: () for key in tokens}).to_dict()
-    for key in tokens:
-        del data[key]
-    return data
 
 
 def metrics_callback(metrics: JsonLines, pending: dict[int, dict[str, Any]]) -> Any:

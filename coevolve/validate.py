@@ -78,7 +78,8 @@ _EMPTY_RESULTS = frozenset({"", "None", "null", "{}", "[]", '""', "''"})
 class ValidationConfig:
     dedup_threshold: float = 0.9
     """A candidate whose `task_similarity` to a known task from the same start reaches this is a duplicate."""
-    max_solution_calls: int = 4
+    max_solution_calls: int = 3
+    """Longest solution accepted (the abstractors write none longer)."""
     max_query_chars: int = 1000
     max_intent_chars: int = 300
     max_call_chars: int = 512

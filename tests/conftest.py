@@ -18,6 +18,16 @@ TRL_TEMPLATES = "trl/chat_templates"
 
 
 @pytest.fixture(scope="session")
+def appworld_venv() -> Path:
+    """AppWorld's own venv. `make test` builds it (`make appworld-venv`), so a test that needs it fails without it,
+    saying how to build it, rather than skipping."""
+    venv = Path(__file__).resolve().parent.parent / ".venv-appworld"
+    if not (venv / ".installed").exists():
+        pytest.fail("AppWorld's venv is missing: run `make appworld-venv` (`make test` builds it)", pytrace=False)
+    return venv
+
+
+@pytest.fixture(scope="session")
 def smol_dir() -> Path:
     from coevolve.policy.models import shipped_model_dir
 
@@ -40,10 +50,9 @@ def tiny_model(tokenizer):
 
 def trl_template(name: str) -> str:
     """A chat template file shipped inside the installed trl package (offline), e.g. `qwen2_5`."""
-    import importlib.util
+    import trl
 
-    spec = importlib.util.find_spec("trl")
-    return (Path(list(spec.submodule_search_locations)[0]) / "chat_templates" / f"{name}.jinja").read_text()
+    return (Path(trl.__file__).parent / "chat_templates" / f"{name}.jinja").read_text()
 
 
 @pytest.fixture()

@@ -11,7 +11,7 @@ import pytest
 
 from coevolve.abstract import LLMAbstractor, TemplateAbstractor, parse_reply, template_query, tool_phrase
 from coevolve.envs.bfcl_lite import BFCLLiteEnv
-from coevolve.feedback import feedback_phase
+from coevolve.synthesis import synthesis_phase
 from coevolve.policy.openai_backend import OpenAIBackend
 from coevolve.policy.serve import ChatServer
 from coevolve.records import ExplorationContext, ExplorationEpisode
@@ -143,12 +143,12 @@ def test_a_failing_or_hanging_endpoint_is_retried_then_skipped_and_the_phase_goe
         [timed_out] = LLMAbstractor(client).abstract(env, [explored], {task.id: task})
     assert timed_out.failure_code == "endpoint_error" and "Timeout" in timed_out.failure
 
-    # Inside the feedback phase: the episodes are skipped and counted, the phase returns normally.
+    # Inside the synthesis phase: the episodes are skipped and counted, the phase returns normally.
     from coevolve.explore import OfflineExplorer
 
     contexts = [ExplorationContext(f"c{i}", task.id, "rare", 1, ("ls",)) for i in range(2)]
     with _server(tokenizer, scripted, lambda c: GOOD_REPLY, before_request=_always(500)) as server:
-        result = feedback_phase(env, contexts, {task.id: task}, OfflineExplorer(), LLMAbstractor(_client(server)),
+        result = synthesis_phase(env, contexts, {task.id: task}, OfflineExplorer(), LLMAbstractor(_client(server)),
                                 Validator(env), iteration=1)
     assert result.skipped == {"endpoint_error": 2} and not result.validations and len(result.episodes) == 2
 

@@ -2,7 +2,7 @@
 venv (`make appworld-venv`), the missing-venv and missing-data messages, and the CLI's exit code.
 
 Tests that need a world (tasks and databases) run on a task built offline with AppWorld's own models
-(tests/appworld_task.py); see test_appworld_world.py."""
+(tests/appworld_offline.py); see test_appworld_world.py."""
 
 from __future__ import annotations
 
@@ -32,9 +32,7 @@ from coevolve.records import ToolCall
 
 ROOT = Path(__file__).resolve().parent.parent
 APPWORLD_PYTHON = ROOT / ".venv-appworld" / "bin" / "python"
-needs_appworld_venv = pytest.mark.skipif(not (ROOT / ".venv-appworld" / ".installed").exists(),
-                                         reason="AppWorld's venv is missing: run `make appworld-venv` "
-                                                "(`make test` builds it)")
+needs_appworld_venv = pytest.mark.usefixtures("appworld_venv")  # fails, naming `make appworld-venv`, without it
 
 
 # -- metrics ------------------------------------------------------------------------------------------------------

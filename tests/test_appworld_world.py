@@ -23,8 +23,7 @@ from coevolve.validate import ValidationConfig, Validator
 
 ROOT = Path(__file__).resolve().parent.parent
 APPWORLD_PYTHON = ROOT / ".venv-appworld" / "bin" / "python"
-pytestmark = pytest.mark.skipif(not (ROOT / ".venv-appworld" / ".installed").exists(),
-                                reason="AppWorld's venv is missing: run `make appworld-venv` (`make test` builds it)")
+pytestmark = pytest.mark.usefixtures("appworld_venv")  # fails, naming `make appworld-venv`, without it
 
 LOGIN = ("password = [p for p in apis.supervisor.show_account_passwords() "
          "if p['account_name'] == 'simple_note'][0]['password']\n"
@@ -179,7 +178,7 @@ def test_a_synthesized_task_is_validated_in_a_fresh_world(env):
 
 
 def test_explore_abstract_validate_on_appworld(env, tokenizer, scripted):
-    """The feedback phase's three steps through their usual interfaces: an LLM explorer (scripted replies in the
+    """Synthesis's three steps through their usual interfaces: an LLM explorer (scripted replies in the
     `code` format: fenced cells, AppWorld's way of acting) acts in the flagged task's world, the template abstractor turns its successful cells into
     candidates, and the validator executes them in fresh worlds."""
     from coevolve.abstract import TemplateAbstractor
@@ -214,7 +213,7 @@ def test_explore_abstract_validate_on_appworld(env, tokenizer, scripted):
 
 def test_the_loop_trains_on_appworld(appworld_root, tmp_path, tiny_dir):
     """`coevolve train` on AppWorld: rollouts through the worker processes inside TRL's rollout_func, AppWorld's
-    evaluator as the reward, held-out evaluation, the feedback phase — one iteration with a tiny random model."""
+    evaluator as the reward, held-out evaluation, synthesis — one iteration with a tiny random model."""
     from coevolve.loop import run
 
     out = tmp_path / "run"
@@ -223,7 +222,7 @@ def test_the_loop_trains_on_appworld(appworld_root, tmp_path, tiny_dir):
                 "rollout.group_size=2", "rollout.max_new_tokens=8", "rollout.max_replies_per_turn=1",
                 "rollout.max_episode_tokens=64", "grpo.prompts_per_step=1", "run.max_steps=1", "run.save_steps=10",
                 "loop.steps_per_iteration=1", "loop.eval_split=train", "loop.eval_limit=1", "run.mode=coevolve",
-                "feedback.max_call_chars=4000"]
+                "synthesis.max_call_chars=4000"]
     result = run(None, settings, str(out), say=lambda text: None)
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert result.final_step == 1 and [m["iteration"] for m in metrics] == [0, 1]

@@ -36,7 +36,7 @@ def test_table_reports_ratios_and_failed_iterations():
     rows = {"transformers": {"episodes": 256, "tokens": 10000, "seconds": 10.0, "episodes_per_s": 25.6,
                              "tokens_per_s": 1000.0},
             "vllm": {"episodes": 256, "tokens": 10400, "seconds": 2.0, "episodes_per_s": 128.0, "tokens_per_s": 5200.0}}
-    iterations = {"transformers": {"seconds": 95.0, "phases": {"train": 60.0, "signals": 0.1, "feedback": 2.0,
+    iterations = {"transformers": {"seconds": 95.0, "phases": {"train": 60.0, "signals": 0.1, "synthesis": 2.0,
                                                                "eval": 20.0},
                                    "feedback_share": 0.0243, "before": 0.275, "after": 0.3},
                   "vllm": {"seconds": 12.0, "error": ["RuntimeError: CUDA out of memory"]}}

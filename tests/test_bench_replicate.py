@@ -33,7 +33,7 @@ def test_every_arm_is_a_valid_config():
     for arm, overrides in replicate.ARMS.items():
         config = load_config(str(replicate.CONFIG), [*overrides, "run.max_steps=8"])
         assert config.run.mode == arm.split(" ")[0], arm
-    assert load_config(str(replicate.CONFIG), replicate.ARMS["coevolve w/o forgetting"]).loop.signals == (
+    assert load_config(str(replicate.CONFIG), replicate.ARMS["coevolve w/o forgetting"]).signals.enabled == (
         "boundary", "rare")
 
 

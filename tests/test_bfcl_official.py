@@ -14,13 +14,13 @@ import random
 
 import pytest
 
+from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_checker as official_checker
+from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils as official_utils
+
 from coevolve.calls import parse_python_call
 from coevolve.envs.bfcl import CATEGORIES, BFCLEnv, load_tasks
 from coevolve.evaluate import oracle_script, run_script
 from coevolve.records import Task, ToolCall
-
-official_checker = pytest.importorskip("bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker")
-official_utils = pytest.importorskip("bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils")
 
 _run_counter = itertools.count()
 

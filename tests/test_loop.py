@@ -11,14 +11,12 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("trl")
-
-from coevolve.loop import run  # noqa: E402
-from coevolve.pool import TaskPool  # noqa: E402
-from support import ls_tasks, write_tasks  # noqa: E402
+from coevolve.loop import run
+from coevolve.pool import TaskPool
+from support import ls_tasks, write_tasks
 
 REPO = Path(__file__).resolve().parent.parent
-FIELDS = {"iteration", "steps", "train_success", "heldout_success", "signals", "feedback", "pool", "seconds",
+FIELDS = {"iteration", "steps", "train_success", "heldout_success", "signals", "synthesis", "pool", "seconds",
           "feedback_share"}
 
 
@@ -31,7 +29,7 @@ def settings(model_dir: Path, tasks_file: Path, mode: str, *extra: str) -> list[
         "grpo.learning_rate=1e-3", "run.seed=0", "run.max_steps=2", "run.save_steps=10",
         "loop.steps_per_iteration=1", "loop.eval_limit=4", "loop.synthetic_contexts=3", f"run.mode={mode}",
         # The taught model only ever calls ls/pwd: explore wider than its focus, or every find repeats `ls()`.
-        "feedback.focus_weight=0.3", "feedback.episodes_per_context=2", *extra,
+        "synthesis.focus_weight=0.3", "synthesis.episodes_per_context=2", *extra,
     ]
 
 
@@ -63,7 +61,7 @@ def test_every_mode_runs_two_iterations_and_records_them(mode, tmp_path, ls_poli
     assert [m["steps"] for m in metrics[1:]] == [[1, 1], [2, 2]]
     assert all(m["heldout_success"] is not None for m in metrics)  # eval_every = 1
     assert all(0.0 <= m["train_success"] <= 1.0 and m["seconds"]["train"] > 0 for m in metrics[1:])
-    assert all(set(m["seconds"]) == {"train", "signals", "feedback", "eval"} for m in metrics)
+    assert all(set(m["seconds"]) == {"train", "signals", "synthesis", "eval"} for m in metrics)
     assert all(0.0 <= m["feedback_share"] < 1.0 for m in metrics)
     assert all(set(m["signals"]) == {"forgetting", "boundary", "rare"} for m in metrics)
     assert sum(m["signals"]["boundary"] for m in metrics) > 0  # the taught model's ls/pwd groups are mixed
@@ -71,14 +69,14 @@ def test_every_mode_runs_two_iterations_and_records_them(mode, tmp_path, ls_poli
     assert summary["mode"] == mode and summary["steps"] == 2 and summary["tasks_added"] == synthetic
     rollouts = read_jsonl(out / "rollouts.jsonl")
     assert {r["iteration"] for r in rollouts} == {1, 2} and len(rollouts) == 2 * 2 * 4
-    lineage = read_jsonl(out / "feedback.jsonl") if (out / "feedback.jsonl").exists() else []
+    lineage = read_jsonl(out / "synthesis.jsonl") if (out / "synthesis.jsonl").exists() else []
     if mode in ("static",):
-        assert synthetic == 0 and all(m["feedback"] == {} for m in metrics) and not lineage
+        assert synthetic == 0 and all(m["synthesis"] == {} for m in metrics) and not lineage
     if mode == "synthetic":
         assert synthetic_at_0 > 0 and synthetic == synthetic_at_0  # once, before training, then static
-        assert {row["iteration"] for row in lineage} == {0} and all(m["feedback"] == {} for m in metrics)
+        assert {row["iteration"] for row in lineage} == {0} and all(m["synthesis"] == {} for m in metrics)
     if mode in ("random", "coevolve"):
-        fed = [m["feedback"] for m in metrics[1:] if m["feedback"]]
+        fed = [m["synthesis"] for m in metrics[1:] if m["synthesis"]]
         assert fed and all(f["candidates"] == f["accepted"] + f["rejected"] for f in fed)
         signal = "random" if mode == "random" else "boundary"
         assert all(set(f["contexts_by_signal"]) <= {signal, "forgetting", "rare"} for f in fed)
@@ -95,19 +93,19 @@ EXECUTION_CODES = {"execution_error", "no_effect", "redundant", "not_reproducibl
 
 def test_signal_switches_and_validation_off(tmp_path, ls_policy_dir, tasks_file):
     out = tmp_path / "no-boundary"
-    run(None, settings(ls_policy_dir, tasks_file, "coevolve", "loop.signals=[forgetting, rare]"), str(out),
+    run(None, settings(ls_policy_dir, tasks_file, "coevolve", "signals.enabled=[forgetting, rare]"), str(out),
         say=lambda text: None)
     assert all(m["signals"]["boundary"] == 0 for m in read_jsonl(out / "metrics.jsonl"))  # off: never mined
 
     def rejected(directory):
         codes = set()
         for m in read_jsonl(directory / "metrics.jsonl"):
-            codes |= set(m["feedback"].get("rejected_by_code", {}))
+            codes |= set(m["synthesis"].get("rejected_by_code", {}))
         return codes
 
     checked, unchecked = tmp_path / "checked", tmp_path / "unchecked"
     run(None, settings(ls_policy_dir, tasks_file, "coevolve"), str(checked), say=lambda text: None)
-    run(None, settings(ls_policy_dir, tasks_file, "coevolve", "feedback.check_execution=false"), str(unchecked),
+    run(None, settings(ls_policy_dir, tasks_file, "coevolve", "synthesis.check_execution=false"), str(unchecked),
         say=lambda text: None)
     assert rejected(checked) & EXECUTION_CODES  # executing the candidates finds some wanting...
     assert not rejected(unchecked) & EXECUTION_CODES  # ...which the no-validation ablation admits
@@ -125,14 +123,14 @@ def test_cross_domain_evaluation_on_another_env(tmp_path, ls_policy_dir, tasks_f
 KILL_IN_FEEDBACK = """
 import os, signal, sys
 import coevolve.loop as loop
-original = loop.synthesis_phase
-def dying(run_loop, iteration, contexts):
-    result = original(run_loop, iteration, contexts)  # explored, validated, admitted into D_t, logged...
-    if result.admitted:
-        print("killed in iteration", iteration, flush=True)
+original = loop.admit
+def dying(run, t, *stages):
+    result = original(run, t, *stages)  # explored, validated, admitted into D_t, logged...
+    if result is not None and result.admitted:
+        print("killed in iteration", t, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)  # ...and killed before the iteration's metrics line
     return result
-loop.synthesis_phase = dying
+loop.admit = dying
 loop.run(None, sys.argv[2:], sys.argv[1], say=lambda text: None)
 """
 
@@ -161,11 +159,11 @@ def test_sigkill_in_the_feedback_phase_then_resume_loses_and_doubles_nothing(tmp
         metrics = [{k: v for k, v in m.items() if k not in ("seconds", "feedback_share")}
                    for m in read_jsonl(directory / "metrics.jsonl")]
         for m in metrics:
-            m.get("feedback", {}).pop("seconds", None)
+            m.get("synthesis", {}).pop("seconds", None)
         with TaskPool(directory / "pool.sqlite") as pool:
             versions = {t: sorted(task.id for task in pool.tasks_at(t)) for t in pool.iterations()}
             history = {task.id: pool.history(task.id) for task in pool.tasks_at(pool.latest_iteration())}
-        lineage = [(r["iteration"], r["candidate_id"], r["accepted"]) for r in read_jsonl(directory / "feedback.jsonl")]
+        lineage = [(r["iteration"], r["candidate_id"], r["accepted"]) for r in read_jsonl(directory / "synthesis.jsonl")]
         rollouts = [(r["id"], r["score"]) for r in read_jsonl(directory / "rollouts.jsonl")]
         steps = [m["step"] for m in read_jsonl(directory / "steps.jsonl")]
         return {"metrics": metrics, "versions": versions, "history": history, "lineage": lineage,

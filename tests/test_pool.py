@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from hypothesis import strategies as st
 from coevolve.pool import (
     SCHEMA_VERSION,
     PoolError,
-    SamplingConfig,
+    BatchMix,
     TaskPool,
     dedup_key,
     draw,
@@ -107,7 +108,7 @@ def test_a_forged_id_or_unknown_provenance_is_refused_and_nothing_is_written(poo
     with pytest.raises(ValueError, match="does not match its content"):
         pool.add_tasks([seed_task(2), forged], 0)
     with pytest.raises(ValueError, match="unknown signal"):
-        pool.add_tasks([good.with_provenance(Provenance("synthetic", None, "novelty"))], 0)
+        pool.add_tasks([replace(good, provenance=Provenance("synthetic", None, "novelty"))], 0)
     assert len(pool) == 0 and pool.iterations() == []
 
 
@@ -216,25 +217,25 @@ def test_sampling_is_deterministic_for_a_seed(mixed_pool):
 
 
 def test_sampling_honours_the_seed_synthetic_mix(mixed_pool):
-    tasks = mixed_pool.sample(1, 8, 0, SamplingConfig(synthetic_fraction=0.25))
+    tasks = mixed_pool.sample(1, 8, 0, BatchMix(synthetic_fraction=0.25))
     assert [t.provenance.source for t in tasks].count("synthetic") == 2
     assert len(tasks) == 8
-    only_seed = mixed_pool.sample(1, 5, 0, SamplingConfig(synthetic_fraction=0.0))
+    only_seed = mixed_pool.sample(1, 5, 0, BatchMix(synthetic_fraction=0.0))
     assert {t.provenance.source for t in only_seed} == {"seed"}
 
 
 def test_a_short_source_is_filled_from_the_other(mixed_pool):
-    tasks = mixed_pool.sample(1, 20, 0, SamplingConfig(synthetic_fraction=1.0))  # 11 synthetic exist
+    tasks = mixed_pool.sample(1, 20, 0, BatchMix(synthetic_fraction=1.0))  # 11 synthetic exist
     assert [t.provenance.source for t in tasks].count("synthetic") == 11 and len(tasks) == 20
 
 
 def test_caps_per_parent_and_per_signal(mixed_pool):
-    config = SamplingConfig(synthetic_fraction=1.0, max_per_parent=2)
+    config = BatchMix(synthetic_fraction=1.0, max_per_parent=2)
     for seed in range(5):
         tasks = mixed_pool.sample(1, 10, seed, config)
         assert sum(t.provenance.parent_id == mixed_pool.tasks_at(0)[0].id for t in tasks) <= 2
         assert len(tasks) == 10
-    config = SamplingConfig(synthetic_fraction=1.0, max_per_signal=1)
+    config = BatchMix(synthetic_fraction=1.0, max_per_signal=1)
     tasks = mixed_pool.sample(1, 6, 0, config)
     signals = [t.provenance.signal or "random" for t in tasks if t.provenance.source == "synthetic"]
     assert sorted(signals) == ["boundary", "random", "rare"]  # one of each kind, seeds fill the rest
@@ -249,7 +250,7 @@ def test_weights_zero_excludes_and_large_weight_dominates(mixed_pool):
         drawn = [t.id for t in mixed_pool.sample(1, 3, seed, weights={**excluded, favourite: 1e9})]
         assert drawn[0] == favourite
         assert not set(drawn) & set(excluded)
-    never_random = SamplingConfig(signal_weights={"random": 0.0})
+    never_random = BatchMix(signal_weights={"random": 0.0})
     drawn = mixed_pool.sample(1, 23, 0, never_random)
     assert None not in {t.provenance.signal for t in drawn if t.provenance.source == "synthetic"}
 
@@ -264,7 +265,7 @@ def test_sample_larger_than_pool_returns_all_of_it(mixed_pool):
 ])
 def test_sampling_config_refuses_bad_values(fields):
     with pytest.raises(ValueError):
-        SamplingConfig(**fields)
+        BatchMix(**fields)
 
 
 rows_strategy = st.lists(
@@ -280,7 +281,7 @@ rows_strategy = st.lists(
 def test_draw_invariants(rows, count, seed, fraction, per_parent, per_signal):
     rows = [(f"id{index:03d}", source, parent if source == "synthetic" else None,
              signal if source == "synthetic" else None) for index, (source, parent, signal) in enumerate(rows)]
-    config = SamplingConfig(synthetic_fraction=fraction, max_per_parent=per_parent, max_per_signal=per_signal)
+    config = BatchMix(synthetic_fraction=fraction, max_per_parent=per_parent, max_per_signal=per_signal)
     chosen = draw(rows, count, random.Random(seed), config, {})
     assert chosen == draw(rows, count, random.Random(seed), config, {})  # deterministic
     assert len(chosen) == len(set(chosen)) <= count  # distinct, never too many
@@ -381,7 +382,7 @@ def test_sigkill_during_writes_leaves_every_committed_task_and_no_partial_batch(
     for round_ in range(3):  # each round reopens a file whose writer was killed (hot WAL recovery)
         acknowledged = run_and_kill_writer(path, acknowledged, batch, acks_before_kill=10 + 5 * round_)
         with TaskPool(path, create=False) as pool:
-            assert pool.integrity_check() == "ok"
+            assert pool._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"  # SQLite's own verdict
             stored = pool._db.execute("SELECT id, payload FROM tasks ORDER BY seq").fetchall()
             members = {row[0] for row in pool._db.execute("SELECT task_id FROM membership WHERE iteration = 0")}
             # every acknowledged task is there, byte for byte, and round-trips

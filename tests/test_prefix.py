@@ -6,12 +6,9 @@ import contextlib
 import json
 from types import SimpleNamespace
 
-import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("trl")
-
-from coevolve.prefix import shared_prefix_length, shared_prefix_logps  # noqa: E402
+from coevolve.prefix import shared_prefix_length, shared_prefix_logps
 
 
 def fused_tiny_model(tokenizer, seed: int = 0):
@@ -87,7 +84,6 @@ def test_training_takes_both_shortcuts_and_learns_what_trl_alone_learns(tmp_path
     are skipped, and the weights after three steps are the ones TRL's plain path gives (`grpo.shared_prefix=false`
     and the skip switched off)."""
     import coevolve.prefix as prefix
-    import coevolve.train as train
     from coevolve.loop import run
     from support import ls_tasks, write_tasks
 
@@ -112,8 +108,7 @@ def test_training_takes_both_shortcuts_and_learns_what_trl_alone_learns(tmp_path
     assert any(step["skipped_flat_micro_batches"] < 1 and step["grad_norm"] > 0 for step in steps)
 
     calls.clear()
-    monkeypatch.setattr(train, "SKIP_ZERO_ADVANTAGE", False)
-    run(None, [*common, "grpo.shared_prefix=false"], str(tmp_path / "plain"))
+    run(None, [*common, "grpo.shared_prefix=false", "grpo.skip_flat_micro_batches=false"], str(tmp_path / "plain"))
     plain = [json.loads(line) for line in (tmp_path / "plain" / "steps.jsonl").read_text().splitlines()]
     assert calls == [] and all(step["skipped_flat_micro_batches"] == 0 for step in plain)
     assert [s["rollout/success_rate"] for s in plain] == [s["rollout/success_rate"] for s in steps]
@@ -129,7 +124,7 @@ def weights(folder):
 
 
 def test_flat_groups_go_last_and_stay_whole():
-    from coevolve.train import flat_groups_last
+    from coevolve.prefix import flat_groups_last
 
     # Three groups of 2: (0.5, -0.5) has a signal, (0, 0) is flat, (0, 1e-3) has a signal.
     assert flat_groups_last([0.5, -0.5, 0.0, 0.0, 0.0, 1e-3], 2) == [0, 1, 4, 5, 2, 3]

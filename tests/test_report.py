@@ -21,9 +21,9 @@ def _metric(iteration, train, heldout, boundary, synthetic, feedback_seconds):
     return {"iteration": iteration, "steps": None if iteration == 0 else [iteration, iteration],
             "train_success": train, "heldout_success": heldout,
             "signals": {"forgetting": 1, "boundary": boundary, "rare": 0},
-            "feedback": {"accepted": synthetic} if iteration else {}, "pool": {"seed": 10, "synthetic": synthetic,
+            "synthesis": {"accepted": synthetic} if iteration else {}, "pool": {"seed": 10, "synthetic": synthetic,
                                                                                "total": 10 + synthetic},
-            "seconds": {"train": 5.0, "signals": 0.1, "feedback": feedback_seconds, "eval": 1.0},
+            "seconds": {"train": 5.0, "signals": 0.1, "synthesis": feedback_seconds, "eval": 1.0},
             "feedback_share": feedback_seconds / (6.1 + feedback_seconds)}
 
 
@@ -41,7 +41,7 @@ def run_dir(tmp_path) -> Path:
          "episode_id": "e2", "query": "List twice", "solution": ["ls()", "ls()"], "accepted": False,
          "reasons": ["redundant: call 2 changes nothing and repeats the answer of call 1"], "task_id": None},
     ]
-    (directory / "feedback.jsonl").write_text("".join(json.dumps(row) + "\n" for row in lineage))
+    (directory / "synthesis.jsonl").write_text("".join(json.dumps(row) + "\n" for row in lineage))
     (directory / "summary.json").write_text(json.dumps({"mode": "coevolve", "steps": 2}))
     (directory / "config.yaml").write_text("run:\n  mode: coevolve\n")
     return directory

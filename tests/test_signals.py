@@ -12,13 +12,12 @@ from hypothesis import strategies as st
 
 from coevolve.records import SignalEvent, Step, ToolCall, Trajectory
 from coevolve.signals import (
-    RolloutColumns,
     SignalConfig,
+    SignalReport,
     action_patterns,
     boundary,
     extract_signals,
     forgetting,
-    mine_signals,
     rare_patterns,
 )
 
@@ -134,6 +133,7 @@ def test_action_patterns_are_unigrams_then_bigrams_with_repeats():
     assert action_patterns(("cd", "ls", "cd"), (3,)) == ["cd > ls > cd"]
     assert action_patterns((), (1, 2)) == []
     assert action_patterns(("cd",), (2,)) == []
+    assert action_patterns(("cd", "ls"), (0,)) == []
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -151,13 +151,22 @@ HAND_ROLLOUTS = [
 HAND_HISTORY = {"A": [0.9, 0.1, 0.2], "B": [0.3, 0.5]}  # C and D have none
 
 
-def hand_columns(rollouts=HAND_ROLLOUTS) -> RolloutColumns:
-    return RolloutColumns(*(list(column) for column in zip(*rollouts)))
+def trajectory(trajectory_id, task_id, score, names, unparsed_at=None) -> Trajectory:
+    """A rollout calling `names` in order; `unparsed_at`: position of an extra call that could not be parsed."""
+    steps = [Step(0, index, f"{name}()", ToolCall(name), "ok") for index, name in enumerate(names)]
+    if unparsed_at is not None:
+        steps.insert(unparsed_at, Step(0, len(names), "garbage(", None, "", "parse error"))
+    return Trajectory(trajectory_id, task_id, 0, 0, tuple(steps), score)
+
+
+def trajectories(rollouts=HAND_ROLLOUTS) -> list[Trajectory]:
+    return [trajectory(*rollout) for rollout in rollouts]
 
 
 def test_extract_hand_worked_iteration():
     config = SignalConfig(window=2, theta_percent=20, ngram_sizes=(1,))
-    report = mine_signals(hand_columns(), HAND_HISTORY, config, iteration=4)
+    report = extract_signals(trajectories(), HAND_HISTORY, config, iteration=4)
+    assert isinstance(report, SignalReport) and report.iteration == 4
     assert report.success_rates == {"A": 0.25, "B": 0.0, "C": 1.0, "D": 0.25}
     assert report.pattern_counts == {1: {"ls": 15, "cd": 4, "mv": 1}}
     assert [(e.kind, e.task_id) for e in report.events] == [
@@ -166,6 +175,7 @@ def test_extract_hand_worked_iteration():
         ("rare", "B"),  # mv: 1/20 = 5% < 20%; cd: 4/20 = exactly 20%, not rare
         ("boundary", "D"),  # 0.5 counts as a success
     ]
+    assert (report.count("boundary"), report.count("forgetting"), report.count("rare")) == (2, 1, 1)
     boundary_a, forgetting_b, rare_b, boundary_d = report.events
     assert boundary_a.trajectory_ids == ("A1", "A2", "A3", "A4")
     assert boundary_a.evidence == {
@@ -183,7 +193,8 @@ def test_extract_hand_worked_iteration():
 
 def test_extract_theta_above_a_pattern_frequency_flags_it():
     config = SignalConfig(window=2, theta_percent=25, ngram_sizes=(1,))  # now cd (20%) is rare too
-    rare = {e.task_id: e for e in mine_signals(hand_columns(), HAND_HISTORY, config, 4).events if e.kind == "rare"}
+    events = extract_signals(trajectories(), HAND_HISTORY, config, 4).events
+    rare = {e.task_id: e for e in events if e.kind == "rare"}
     assert {task: event.trajectory_ids for task, event in rare.items()} == {
         "A": ("A3",), "B": ("B3",), "C": ("C3", "C4"), "D": ("D1",),
     }
@@ -194,61 +205,99 @@ def test_extract_bigram_frequency_is_relative_to_bigrams():
     # bigrams: "a > b" x4, "b > a" x1 (N2 = 5): "b > a" is 20% of bigrams. Unigrams: a 5, b 4 (N1 = 9).
     rollouts = [("t1", "T", 1.0, ("a", "b", "a")), ("t2", "T", 1.0, ("a", "b")),
                 ("t3", "T", 1.0, ("a", "b")), ("t4", "T", 1.0, ("a", "b"))]
-    report = mine_signals(hand_columns(rollouts), {}, SignalConfig(theta_percent=30), 0)
+    report = extract_signals(trajectories(rollouts), {}, SignalConfig(theta_percent=30), 0)
     assert report.pattern_counts == {1: {"a": 5, "b": 4}, 2: {"a > b": 4, "b > a": 1}}
     (event,) = report.events
     assert event.kind == "rare" and event.trajectory_ids == ("t1",)
     assert event.evidence["frequencies"] == {"b > a": 0.2}
 
 
+def test_rare_frequencies_list_each_pattern_once_by_size_then_position():
+    # Unigrams: a 9, b 2 (N1 = 11): b is 18.2%. Bigrams: "a > a" 4, "a > b" 1, "b > a" 1 (N2 = 6): 16.7% each.
+    rollouts = [("t1", "T", 1.0, ("a", "b")), ("t2", "T", 1.0, ("a", "a")), ("t3", "T", 0.0, ("b", "a", "a")),
+                ("u1", "U", 0.0, ("a", "a")), ("u2", "U", 0.0, ("a", "a"))]
+    report = extract_signals(trajectories(rollouts), {}, SignalConfig(theta_percent=20), 0)
+    assert report.pattern_counts == {1: {"a": 9, "b": 2}, 2: {"a > b": 1, "a > a": 4, "b > a": 1}}
+    assert [(e.kind, e.task_id, e.trajectory_ids) for e in report.events] == [
+        ("boundary", "T", ("t1", "t2", "t3")), ("rare", "T", ("t1", "t3")),  # U holds nothing rare
+    ]
+    # t1 holds b and "a > b", t3 holds b and "b > a": b once, unigrams before bigrams, then in order of appearance
+    assert list(report.events[1].evidence["frequencies"].items()) == [("b", 2 / 11), ("a > b", 1 / 6), ("b > a", 1 / 6)]
+
+
+def test_unparsed_calls_have_no_name_and_are_skipped():
+    rollouts = [("t1", "T", 1.0, ("cd", "ls", "cd"), 1), ("t2", "T", 1.0, ("cd", "ls", "cd"), 3)]
+    report = extract_signals(trajectories(rollouts), {}, SignalConfig(ngram_sizes=(3,)), 0)
+    assert report.pattern_counts == {3: {"cd > ls > cd": 2}}  # the garbage call between cd and ls is not in it
+
+
 def test_forgetting_names_only_the_failed_rollouts():
     rollouts = [("t1", "T", 1.0, ()), ("t2", "T", 0.0, ()), ("t3", "T", 0.25, ()), ("t4", "T", 0.5, ())]
-    (forgot, _) = mine_signals(hand_columns(rollouts), {"T": [1.0]}, SignalConfig(window=1), 0).events
+    (forgot, _) = extract_signals(trajectories(rollouts), {"T": [1.0]}, SignalConfig(window=1), 0).events
     assert forgot.kind == "forgetting" and forgot.evidence["now"] == 0.4375  # (1 + 0 + 0.25 + 0.5) / 4
     assert forgot.trajectory_ids == ("t2", "t3") and forgot.evidence["scores"] == [0.0, 0.25]
 
 
+def test_forgetting_reads_only_the_last_window_of_the_history():
+    rollouts = [("t1", "T", 0.0, ()), ("u1", "U", 0.0, ())]
+    history = {"T": (1.0, 0.0, 0.0), "U": (0.0, 1.0, 0.0), "V": [1.0]}  # tuples work; V has no rollout: no event
+    events = extract_signals(trajectories(rollouts), history, SignalConfig(window=2), 0).events
+    assert [(e.kind, e.task_id, e.evidence["history_window"]) for e in events] == [("forgetting", "U", [1.0, 0.0])]
+    assert extract_signals(trajectories(rollouts), history, SignalConfig(window=0), 0).events == ()
+
+
 def test_disabled_signals_are_not_mined():
     config = SignalConfig(window=2, theta_percent=25, ngram_sizes=(1,), enabled=("boundary",))
-    report = mine_signals(hand_columns(), HAND_HISTORY, config, 4)
+    report = extract_signals(trajectories(), HAND_HISTORY, config, 4)
     assert {event.kind for event in report.events} == {"boundary"}
     assert report.pattern_counts == {}
+    config = SignalConfig(window=2, theta_percent=25, ngram_sizes=(1,), enabled=("forgetting", "rare"))
+    assert {event.kind for event in extract_signals(trajectories(), HAND_HISTORY, config, 4).events} == {
+        "forgetting", "rare"}
 
 
 def test_events_round_trip_through_json():
     config = SignalConfig(window=2, theta_percent=25, ngram_sizes=(1, 2))
-    events = mine_signals(hand_columns(), HAND_HISTORY, config, 4).events
+    events = extract_signals(trajectories(), HAND_HISTORY, config, 4).events
     assert events and all(SignalEvent.from_json(event.to_json()) == event for event in events)
 
 
-def test_trajectory_path_equals_columnar_path():
-    def trajectory(trajectory_id, task_id, score, names):
-        steps = tuple(Step(0, i, f"{name}()", ToolCall(name), "ok") for i, name in enumerate(names))
-        # an unparseable call has no name and no pattern
-        steps += (Step(0, len(names), "garbage(", None, "", "parse error"),)
-        return Trajectory(trajectory_id, task_id, 4, 0, steps, score)
-
-    trajectories = [trajectory(*row) for row in HAND_ROLLOUTS]
-    config = SignalConfig(window=2, theta_percent=25)
-    assert extract_signals(trajectories, HAND_HISTORY, config, 4) == list(
-        mine_signals(hand_columns(), HAND_HISTORY, config, 4).events)
+def test_scattered_rollouts_are_grouped_by_task_in_order_of_first_appearance():
+    rollouts = [("B1", "B", 1.0, ("ls",)), ("A1", "A", 0.0, ("ls",)), ("B2", "B", 0.0, ("ls",)),
+                ("A2", "A", 1.0, ("ls",)), ("B3", "B", 0.0, ("mv",))]
+    report = extract_signals(iter(trajectories(rollouts)), {}, SignalConfig(theta_percent=25, ngram_sizes=(1,)), 0)
+    assert list(report.success_rates.items()) == [("B", 1 / 3), ("A", 0.5)]
+    assert [(e.kind, e.task_id, e.trajectory_ids) for e in report.events] == [
+        ("boundary", "B", ("B1", "B2", "B3")), ("rare", "B", ("B3",)), ("boundary", "A", ("A1", "A2")),
+    ]
+    assert report.events[0].evidence["scores"] == [1.0, 0.0, 0.0]
 
 
-def test_scattered_rollouts_give_the_same_signals():
+def test_shuffling_the_rollouts_changes_no_signal():
     shuffled = list(HAND_ROLLOUTS)
     random.Random(7).shuffle(shuffled)
     config = SignalConfig(window=2, theta_percent=25)
-    grouped = mine_signals(hand_columns(), HAND_HISTORY, config, 4)
-    scattered = mine_signals(hand_columns(shuffled), HAND_HISTORY, config, 4)
+    grouped = extract_signals(trajectories(), HAND_HISTORY, config, 4)
+    scattered = extract_signals(trajectories(shuffled), HAND_HISTORY, config, 4)
     assert scattered.success_rates == grouped.success_rates
+    assert scattered.pattern_counts == grouped.pattern_counts
     assert _event_sets(scattered.events) == _event_sets(grouped.events)
+
+
+def _event_sets(events):
+    """Comparable form: kind, task, trajectories, and for rare events the set of rare patterns they hold."""
+    return {
+        (event.kind, event.task_id, frozenset(event.trajectory_ids), frozenset(event.evidence["frequencies"]))
+        if event.kind == "rare" else (event.kind, event.task_id, frozenset(event.trajectory_ids))
+        for event in events
+    }
 
 
 def test_success_rate_does_not_depend_on_rollout_order():
     # sum() gives 0.6000000000000001 for 0.1 + 0.2 + 0.3 but 0.6 for 0.3 + 0.2 + 0.1; the rate must not
     forward = [("t1", "T", 0.1, ()), ("t2", "T", 0.2, ()), ("t3", "T", 0.3, ())]
-    rates_forward = mine_signals(hand_columns(forward), {}, SignalConfig(), 0).success_rates
-    rates_backward = mine_signals(hand_columns(forward[::-1]), {}, SignalConfig(), 0).success_rates
+    rates_forward = extract_signals(trajectories(forward), {}, SignalConfig(), 0).success_rates
+    rates_backward = extract_signals(trajectories(forward[::-1]), {}, SignalConfig(), 0).success_rates
     assert rates_forward == rates_backward == {"T": 0.6 / 3}
 
 
@@ -256,17 +305,12 @@ def test_success_rate_does_not_depend_on_rollout_order():
 def test_scores_outside_unit_interval_are_refused(bad):
     rollouts = [("t1", "T", 1.0, ()), ("t2", "T", bad, ())]
     with pytest.raises(ValueError, match="scores must lie in"):
-        mine_signals(hand_columns(rollouts), {}, SignalConfig(), 0)
-
-
-def test_columns_must_have_equal_lengths():
-    with pytest.raises(ValueError, match="differ in length"):
-        RolloutColumns(["t1", "t2"], ["T", "T"], [1.0], [(), ()])
+        extract_signals(trajectories(rollouts), {}, SignalConfig(), 0)
 
 
 def test_empty_iteration_has_no_signals():
-    report = mine_signals(RolloutColumns([], [], [], []), {}, SignalConfig(), 0)
-    assert report.events == () and report.success_rates == {}
+    report = extract_signals([], {}, SignalConfig(), 0)
+    assert report.events == () and report.success_rates == {} and report.pattern_counts == {1: {}, 2: {}}
 
 
 @pytest.mark.parametrize("fields", [
@@ -296,7 +340,6 @@ def test_boundary_is_symmetric_under_permutation(scores, rng, threshold):
 
 @given(rates.filter(bool), thresholds)
 def test_boundary_is_max_above_and_min_below(scores, threshold):
-    # the identity mine_signals uses to evaluate boundary for all groups at once
     assert boundary(scores, threshold) == (max(scores) >= threshold and min(scores) < threshold)
 
 
@@ -339,42 +382,8 @@ def test_rare_patterns_match_exact_integer_arithmetic(counts, theta):
     assert rare_patterns(counts, theta) == {p for p, c in counts.items() if 0 < c and c * 100 < theta * total}
 
 
-# A reference for a whole iteration built only from the public pure functions and dicts, against which the
-# C-level fast path of mine_signals is checked on generated iterations.
-
-
-def reference_events(rows, history, config, iteration):
-    groups: dict[str, list] = {}
-    for row in rows:
-        groups.setdefault(row[1], []).append(row)
-    counts = {size: Counter() for size in config.ngram_sizes}
-    for _, _, _, names in rows:
-        for size in config.ngram_sizes:
-            counts[size].update(action_patterns(names, (size,)))
-    rare = set().union(*(rare_patterns(counts[size], config.theta_percent) for size in config.ngram_sizes))
-    events = []
-    for task_id, group in groups.items():
-        scores = [row[2] for row in group]
-        now = math.fsum(scores) / len(scores)
-        if forgetting(history.get(task_id, []), now, config.window, config.threshold):
-            events.append(("forgetting", task_id, frozenset(r[0] for r in group if r[2] < config.threshold)))
-        if boundary(scores, config.threshold):
-            events.append(("boundary", task_id, frozenset(r[0] for r in group)))
-        found = {r[0]: rare & set(action_patterns(r[3], config.ngram_sizes)) for r in group}
-        flagged = frozenset(trajectory_id for trajectory_id, patterns in found.items() if patterns)
-        if flagged:
-            events.append(("rare", task_id, flagged, frozenset().union(*found.values())))
-    return set(events)
-
-
-def _event_sets(events):
-    """Comparable form: kind, task, trajectories, and for rare events the set of rare patterns they hold."""
-    return {
-        (event.kind, event.task_id, frozenset(event.trajectory_ids), frozenset(event.evidence["frequencies"]))
-        if event.kind == "rare" else (event.kind, event.task_id, frozenset(event.trajectory_ids))
-        for event in events
-    }
-
+# A whole iteration against the definitions written out independently of coevolve.signals: min/max for boundary,
+# plain slicing for H_recent, zip n-grams and integer arithmetic (θ an integer percent) for rare.
 
 iteration_rows = st.lists(
     st.tuples(st.sampled_from("PQRS"), st.sampled_from([0.0, 0.25, 0.5, 1.0]),
@@ -388,14 +397,39 @@ iteration_rows = st.lists(
     iteration_rows,
     st.dictionaries(st.sampled_from("PQRS"), rates),
     st.integers(0, 4),
-    st.sampled_from([0.0, 5.0, 12.5, 20.0, 50.0, 100.0]),
+    st.sampled_from([0, 5, 12, 20, 50, 100]),
     st.sampled_from([(1,), (2,), (1, 2), (1, 3)]),
 )
-def test_fast_path_agrees_with_reference(rows, history, window, theta, sizes):
+def test_extract_signals_matches_the_definitions(rows, history, window, theta, sizes):
     rows = [(f"r{index}", task, score, names) for index, (task, score, names) in enumerate(rows)]
-    config = SignalConfig(window=window, theta_percent=theta, ngram_sizes=sizes)
-    report = mine_signals(hand_columns(rows) if rows else RolloutColumns([], [], [], []), history, config, 1)
-    assert _event_sets(report.events) == reference_events(rows, history, config, 1)
-    for task_id, rate in report.success_rates.items():
-        assert rate == math.fsum(r[2] for r in rows if r[1] == task_id) / sum(1 for r in rows if r[1] == task_id)
+    report = extract_signals(trajectories(rows), history, SignalConfig(window=window, theta_percent=theta,
+                                                                       ngram_sizes=sizes), 1)
+    groups: dict[str, list] = {}
+    for row in rows:
+        groups.setdefault(row[1], []).append(row)
+    grams = {size: {row[0]: [" > ".join(g) for g in zip(*(row[3][i:] for i in range(size)))] for row in rows}
+             for size in sizes}
+    counts = {size: Counter(p for patterns in grams[size].values() for p in patterns) for size in sizes}
+    rare = {size: {p for p, c in counts[size].items() if c * 100 < theta * sum(counts[size].values())}
+            for size in sizes}
+    frequency = {p: counts[size][p] / sum(counts[size].values()) for size in sizes for p in rare[size]}
 
+    expected = []
+    for task, group in groups.items():
+        scores = [row[2] for row in group]
+        now = math.fsum(scores) / len(scores)
+        assert report.success_rates[task] == now
+        earlier = history.get(task, [])
+        recent = earlier[max(0, len(earlier) - window):] if window else []
+        if now < 0.5 and recent and max(recent) >= 0.5:
+            expected.append(("forgetting", task, tuple(row[0] for row in group if row[2] < 0.5)))
+        if max(scores) >= 0.5 > min(scores):
+            expected.append(("boundary", task, tuple(row[0] for row in group)))
+        held = {row[0]: [p for size in sizes for p in grams[size][row[0]] if p in rare[size]] for row in group}
+        if any(held.values()):
+            expected.append(("rare", task, tuple(row_id for row_id, patterns in held.items() if patterns),
+                             {p: frequency[p] for patterns in held.values() for p in patterns}))
+    assert [(e.kind, e.task_id, e.trajectory_ids) + ((e.evidence["frequencies"],) if e.kind == "rare" else ())
+            for e in report.events] == expected
+    assert list(report.success_rates) == list(groups)
+    assert report.pattern_counts == {size: dict(counts[size]) for size in sizes}

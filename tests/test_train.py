@@ -13,12 +13,10 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("trl")
-
-from coevolve.config import load_config  # noqa: E402
-from coevolve.loop import run  # noqa: E402
-from coevolve.train import LOSS_TYPES, grpo_args  # noqa: E402
-from support import ls_tasks, write_tasks  # noqa: E402
+from coevolve.config import load_config
+from coevolve.loop import run
+from coevolve.train import LOSS_TYPES, grpo_args
+from support import ls_tasks, write_tasks
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "lite-static.yaml"
@@ -172,7 +170,7 @@ def test_a_run_that_trains_no_step_is_an_error(tmp_path, ls_policy_dir, tasks_fi
     from coevolve.train import TrainingError
 
     monkeypatch.setattr(trl.GRPOTrainer, "train", lambda self, **kwargs: None)
-    with pytest.raises(TrainingError, match="no step was trained"):
+    with pytest.raises(TrainingError, match=r"iteration 1 trained to step 0, not 2"):
         run(str(CONFIG), overrides(ls_policy_dir, tasks_file, "run.max_steps=2"), str(tmp_path / "run"))
 
 
@@ -190,3 +188,45 @@ def test_checkpointing_argument_follows_the_installed_transformers_name():
     assert checkpointing_argument(Old) == "gradient_checkpointing"
     assert checkpointing_argument(New) == "activation_checkpointing"
     assert checkpointing_argument(GRPOConfig) == "activation_checkpointing"  # transformers 5.24, our CPU pin
+
+
+def test_grpo_steps_in_several_train_calls_equal_one_call(tmp_path, ls_policy_dir, tokenizer):
+    """The loop calls `trainer.train()` once per iteration, resumed from the checkpoint the previous call saved:
+    the same rollouts and the same weights as one uninterrupted call over all the steps."""
+    import torch
+
+    from coevolve.envs.bfcl_lite import BFCLLiteEnv
+    from coevolve.policy.chat import ChatRenderer
+    from coevolve.train import EnvRollouts, build_trainer, train_steps
+
+    tasks = ls_tasks(4)
+    config = load_config(None, overrides(ls_policy_dir, tmp_path / "unused.jsonl", "run.max_steps=4",
+                                         "run.save_steps=100", "run.save_total_limit=1"))
+
+    def trained(directory: Path, stops: list[int]):
+        seen = []
+        rollouts = EnvRollouts(BFCLLiteEnv("train"), tasks, ChatRenderer(tokenizer, "python"),
+                               config.rollout.engine(), seed=0,
+                               on_step=lambda record: seen.append([(t.id, t.score) for t in record.trajectories]))
+        trainer = build_trainer(config, directory, str(ls_policy_dir), tokenizer, rollouts, tasks)
+        for stop in stops:
+            assert train_steps(trainer, directory, stop) == stop
+        return seen, {name: value.detach().clone() for name, value in trainer.model.state_dict().items()}
+
+    split_rollouts, split_weights = trained(tmp_path / "split", [2, 4])
+    whole_rollouts, whole_weights = trained(tmp_path / "whole", [4])
+    assert split_rollouts == whole_rollouts and len(split_rollouts) == 4
+    assert all(torch.equal(split_weights[name], whole_weights[name]) for name in whole_weights)
+
+
+def test_a_trl_without_the_private_surface_we_override_is_refused_at_start(monkeypatch):
+    import trl
+    from trl import GRPOTrainer
+
+    from coevolve.train import TrainingError, check_trl
+
+    check_trl()  # the pinned TRL has everything
+    monkeypatch.delattr(GRPOTrainer, "_prepare_inputs")
+    with pytest.raises(TrainingError, match=rf"supports trl >=1\.16\.0,<1\.17\.0.*{trl.__version__}.*"
+                                            r"lacks GRPOTrainer\._prepare_inputs"):
+        check_trl()

@@ -12,16 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parent.parent
 
 
 def _skip_reason() -> str | None:
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
     if not torch.cuda.is_available():
         return "no CUDA GPU on this machine (the vLLM training smoke test needs one)"
     try:

@@ -6,16 +6,15 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from coevolve.config import load_config  # noqa: E402
-from coevolve.envs.bfcl_lite import BFCLLiteEnv  # noqa: E402
-from coevolve.policy.chat import ChatRenderer  # noqa: E402
-from coevolve.rollout import RolloutConfig  # noqa: E402
-from coevolve.train import EnvRollouts, build_trainer  # noqa: E402
-from conftest import ScriptedBackend  # noqa: E402
-from support import ls_tasks  # noqa: E402
+from coevolve.config import load_config
+from coevolve.envs.bfcl_lite import BFCLLiteEnv
+from coevolve.policy.chat import ChatRenderer
+from coevolve.rollout import RolloutConfig
+from coevolve.train import EnvRollouts, build_trainer
+from conftest import ScriptedBackend
+from support import ls_tasks
 
 TEMPERATURE = 0.7
 BETA = 0.05
@@ -187,11 +186,11 @@ def test_cpu_compact_scoring_gives_the_same_logprobs(setup):
     width = inputs["completion_ids"].shape[1]
     results = []
     for compact in (True, False):
-        train.CPU_COMPACT_SCORING = compact
+        train._compact_scoring_on_cpu(compact)  # what grpo.compact_scoring_on_cpu sets when the trainer is built
         try:
             with torch.no_grad():
                 logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attention, width)
         finally:
-            train.CPU_COMPACT_SCORING = True
+            train._compact_scoring_on_cpu(True)
         results.append(logps)
     assert torch.allclose(results[0], results[1], atol=1e-6)

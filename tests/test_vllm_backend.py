@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+import torch
 
 from coevolve.policy.backends import BackendUnavailable, SamplingConfig, VLLMBackend
 
@@ -15,8 +16,6 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
 def has_cuda() -> bool:
-    import torch
-
     return torch.cuda.is_available()
 
 
@@ -29,8 +28,6 @@ def test_missing_vllm_names_the_fix(tokenizer):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_VLLM or not has_cuda(), reason="needs a CUDA GPU and the vllm package")
 def test_vllm_greedy_matches_transformers(tmp_path, tokenizer):
-    import torch
-
     from coevolve.policy.hf_backend import TransformersBackend
     from coevolve.policy.models import build_tiny_model
 

@@ -1,4 +1,5 @@
-"""The environment protocol every env implements (BFCL, AppWorld, a user's own tools).
+"""The protocols: the environment every env implements (BFCL, AppWorld, a user's own tools), and the explorer
+and abstractor that synthesis drives over it.
 
 An `Env` hands out `Task`s and opens one independent `Episode` per rollout. An episode is a multi-turn dialogue:
 
@@ -31,7 +32,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
-from coevolve.records import Message, Score, Step, Task, ToolCall
+from coevolve.records import ExplorationContext, ExplorationEpisode, Message, Score, Step, Task, ToolCall
 
 CallInput = str | Mapping[str, Any] | ToolCall
 """A call as an agent gives it: a Python-call string, a JSON object `{"name", "arguments"}`, or a ToolCall."""
@@ -67,6 +68,24 @@ class Env(Protocol):
     def tasks(self) -> list[Task]: ...
 
     def reset(self, task: Task) -> Episode: ...
+
+
+@runtime_checkable
+class Explorer(Protocol):
+    """Plays exploration episodes in an env from signal contexts (`coevolve.explore`: offline, the policy, an LLM).
+    One episode per context and `episodes_per_context`; a failed one carries its `error` instead of raising."""
+
+    def explore(self, env: Env, contexts: Sequence[ExplorationContext], tasks: Mapping[str, Task],
+                seed: int = 0) -> list[ExplorationEpisode]: ...
+
+
+@runtime_checkable
+class Abstractor(Protocol):
+    """Turns exploration episodes into candidate tasks (`coevolve.abstract`: template or LLM). Returns one
+    `coevolve.abstract.Abstraction` per episode; `deadline` is a `time.monotonic()` value or None."""
+
+    def abstract(self, env: Env, episodes: Sequence[ExplorationEpisode], tasks: Mapping[str, Task],
+                 deadline: float | None = None) -> list[Any]: ...
 
 
 class EnvUnavailable(RuntimeError):

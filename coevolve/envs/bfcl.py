@@ -50,6 +50,7 @@ from typing import Any, Callable, Sequence
 
 from coevolve.calls import DEFAULT_LIMITS, CallError, CallLimits, fresh_arguments, parse_call
 from coevolve.envs import ENVS
+from coevolve.jsonl import jsonl_rows
 from coevolve.records import Check, Message, Score, Step, Task, ToolCall, canonical_json
 
 CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
@@ -85,10 +86,6 @@ def _data_dir():
         ) from None
 
 
-def _read_jsonl(path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
 def _backend_config():
     # bfcl-eval's own tables (class -> module, class -> function-doc file, stateless classes): a module of
     # constants, cheap to import.
@@ -100,7 +97,7 @@ def _backend_config():
 @lru_cache(maxsize=None)
 def _function_docs(class_name: str) -> tuple[dict[str, Any], ...]:
     doc_file = _backend_config().MULTI_TURN_FUNC_DOC_FILE_MAPPING[class_name]
-    return tuple(_read_jsonl(_data_dir() / "multi_turn_func_doc" / doc_file))
+    return tuple(row for _, row in jsonl_rows(_data_dir() / "multi_turn_func_doc" / doc_file))
 
 
 @lru_cache(maxsize=None)
@@ -122,8 +119,9 @@ def load_tasks(category: str) -> list[Task]:
     """All entries of one multi-turn category as Tasks (ground truth attached), in the shipped order."""
     category = normalise_category(category)
     data = _data_dir()
-    entries = _read_jsonl(data / f"BFCL_v4_{category}.json")
-    truths = {row["id"]: row["ground_truth"] for row in _read_jsonl(data / "possible_answer" / f"BFCL_v4_{category}.json")}
+    entries = [row for _, row in jsonl_rows(data / f"BFCL_v4_{category}.json")]
+    truths = {row["id"]: row["ground_truth"]
+              for _, row in jsonl_rows(data / "possible_answer" / f"BFCL_v4_{category}.json")}
     tasks = []
     for entry in entries:
         meta = {

@@ -1,8 +1,8 @@
 """BFCL-lite: a small BFCL-backed environment for CPU work (the offline quickstart and the CPU experiments).
 
 Why: the full BFCL-V3 multi-turn entries (long prompts, 18-30 tools, 3-8 turns) are far beyond what a 135M model on
-two CPU cores can learn from; DESIGN.md measured SmolLM2-135M solving some one-call file-system tasks with six
-tools, and none with two calls. BFCL-lite keeps BFCL's backend, dispatch and scoring (the same `BFCLEpisode`:
+two CPU cores can learn from; measured before this env existed, SmolLM2-135M solved some one-call file-system tasks
+with six tools, and none with two calls. BFCL-lite keeps BFCL's backend, dispatch and scoring (the same `BFCLEpisode`:
 state and response checks against the ground truth) and generates short single-turn tasks over six
 GorillaFileSystem tools, from one call (most) to `max_calls` calls (a curriculum step: `cd` then act there).
 

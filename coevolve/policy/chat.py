@@ -25,8 +25,9 @@ from __future__ import annotations
 import copy
 import json
 import re
+import typing
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 from coevolve.calls import parse_call
 from coevolve.records import Task, ToolCall
@@ -309,7 +310,9 @@ class ChatRenderer:
 DONE_MESSAGE = "Done."
 
 
-DEMO_CHOICES = ("first-tool", "coverage")
+DemoChoice = Literal["first-tool", "coverage"]
+"""How worked examples are picked (`build_demonstrations`)."""
+DEMO_CHOICES: tuple[str, ...] = typing.get_args(DemoChoice)
 
 
 def _tools_of(task: Task) -> list[str]:

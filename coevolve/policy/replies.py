@@ -45,10 +45,6 @@ class SplitReply:
     truncated: bool = False
     """True when more than `MAX_CALLS_PER_REPLY` calls were attempted and the rest were dropped."""
 
-    @property
-    def has_calls(self) -> bool:
-        return bool(self.call_texts)
-
 
 def split_reply(text: str, reply_format: str) -> SplitReply:
     if reply_format == "hermes":

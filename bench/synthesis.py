@@ -1,7 +1,7 @@
-"""Feedback-phase cost: seconds per signal event per stage (explore, abstract, validate), against the rollouts of
-the same iterations, measured in the same process.
+"""Synthesis cost: seconds per signal event per stage (explore, abstract, validate), against the rollouts of the
+same iterations, measured in the same process.
 
-Question: what does CoEvolve's feedback phase cost next to the training it steers (the paper: about 10% of
+Question: what does CoEvolve's synthesis cost next to the training it steers (the paper: about 10% of
 training time), with the offline default (offline explorer + template abstractor) and with an LLM in the loop
 (the policy as explorer; an LLM abstractor behind the OpenAI-compatible server)?
 
@@ -10,7 +10,7 @@ prompt of configs/lite-static.yaml: Python-call format, 3 worked examples; K sam
 iteration 2 (forgetting needs iteration 1's success rates) are explored, abstracted and validated. The LLM
 variants run on the first `--llm-events` events only: SmolLM2 as explorer through the rollout engine, and SmolLM2
 as abstractor served by `coevolve.policy.serve.ChatServer` to `OpenAIBackend` over loopback HTTP.
-Usage: `python bench/feedback.py [--tasks 8] [--samples 4] [--llm-events 4]`.
+Usage: `python bench/synthesis.py [--tasks 8] [--samples 4] [--llm-events 4]`.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def main() -> None:
     from coevolve.abstract import LLMAbstractor, TemplateAbstractor
     from coevolve.envs import make_env
     from coevolve.explore import ExploreConfig, LLMExplorer, OfflineExplorer
-    from coevolve.feedback import feedback_phase, signal_contexts
+    from coevolve.synthesis import signal_contexts, synthesis_phase
     from coevolve.policy.backends import SamplingConfig
     from coevolve.policy.chat import ChatRenderer, build_demonstrations
     from coevolve.policy.hf_backend import TransformersBackend
@@ -52,7 +52,7 @@ def main() -> None:
     from coevolve.policy.openai_backend import OpenAIBackend
     from coevolve.policy.serve import ChatServer
     from coevolve.rollout import RolloutConfig, rollout
-    from coevolve.signals import SignalConfig, mine_signals, RolloutColumns
+    from coevolve.signals import SignalConfig, extract_signals
     from coevolve.validate import Validator
 
     torch.manual_seed(0)
@@ -73,7 +73,7 @@ def main() -> None:
         started = time.perf_counter()
         batch = rollout(env, tasks, backend, renderer, config, iteration=iteration)
         rollout_seconds.append(time.perf_counter() - started)
-        report = mine_signals(RolloutColumns.from_trajectories(batch.trajectories), history, SignalConfig(), iteration)
+        report = extract_signals(batch.trajectories, history, SignalConfig(), iteration)
         for task_id, rate in report.success_rates.items():
             history.setdefault(task_id, []).append(rate)
         print(f"iteration {iteration}: rollouts {rollout_seconds[-1]:.1f} s, events "
@@ -86,7 +86,7 @@ def main() -> None:
     rows = []
 
     def measure(label, explorer, abstractor, chosen):
-        result = feedback_phase(env, chosen, by_id, explorer, abstractor, Validator(env, known=all_tasks),
+        result = synthesis_phase(env, chosen, by_id, explorer, abstractor, Validator(env, known=all_tasks),
                                 iteration=2, seed=0)
         summary = result.summary()
         total = sum(result.seconds.values())
@@ -113,12 +113,12 @@ def main() -> None:
     iteration_rollout = rollout_seconds[-1]
     offline = rows[0]
     lines = [
-        "## Feedback phase: seconds per signal event per stage (`bench/feedback.py`)",
+        "## Synthesis: seconds per signal event per stage (`bench/synthesis.py`)",
         "",
-        "Question: what does the feedback phase (explore -> abstract -> validate) cost per signal event, next to "
+        "Question: what does synthesis (explore -> abstract -> validate) cost per signal event, next to "
         "the rollouts of the same iteration (the paper: feedback is about 10% of training time)?",
         "",
-        f"Command: `python bench/feedback.py --tasks {args.tasks} --samples {args.samples} --llm-events "
+        f"Command: `python bench/synthesis.py --tasks {args.tasks} --samples {args.samples} --llm-events "
         f"{args.llm_events} --step-budget {args.step_budget}`. Machine: {machine_line()}. Baseline, same process: "
         f"iteration 2's rollouts of the shipped SmolLM2 on {len(tasks)} BFCL-lite train tasks x K={args.samples} "
         f"(3 worked examples, T=0.7, replies <= 48 tokens): {iteration_rollout:.1f} s "
@@ -144,7 +144,7 @@ def main() -> None:
         f"{offline['rejected'] or '-'}. The LLM rows use the 135M policy as explorer/abstractor only to measure "
         "the cost of an LLM in the loop on this machine; the candidates it writes are not the point.",
     ]
-    write_section("feedback", "\n".join(lines))
+    write_section("synthesis", "\n".join(lines))
     print("\n".join(lines))
 
 
