@@ -60,6 +60,9 @@ def _eval_parser(subparsers) -> None:
     model.add_argument("--demos", type=int, default=MODEL.demos,
                        help=f"worked examples in the prompt (model.demos, default {MODEL.demos}), solved by their "
                             "ground truth, taken from tasks that are not evaluated (the train split for bfcl-lite)")
+    model.add_argument("--reasoning", default=MODEL.reasoning, choices=("keep", "off"),
+                       help="reasoning models (Qwen3): keep what the model thinks in context as sampled (default) or "
+                            "use the template's no-thinking mode (model.reasoning)")
     model.add_argument("--demo-choice", default=MODEL.demo_choice, choices=DEMO_CHOICES,
                        help="which tasks become the examples: a new first tool each, in order (default), or the most "
                             "tools not yet shown, multi-call tasks included (the quickstart's prompt)")
@@ -147,7 +150,7 @@ def _eval_model(args: argparse.Namespace, env, options: dict) -> int:
     demos = (build_demonstrations(demo_env, demo_tasks, args.reply_format, args.demos, args.demo_choice)
              if args.demos else ())
     renderer = ChatRenderer(getattr(backend, "tokenizer", None), args.reply_format, demonstrations=demos,
-                            tool_style=args.tool_style)
+                            tool_style=args.tool_style, reasoning=args.reasoning)
     config = RolloutConfig(group_size=args.samples, max_new_tokens=args.max_new_tokens,
                            max_replies_per_turn=args.max_replies_per_turn, max_turns=ROLLOUT.max_turns,
                            max_episode_tokens=ROLLOUT.max_episode_tokens,

@@ -20,7 +20,7 @@ from typing import Any, Literal, Mapping, Sequence
 
 from coevolve.explore import ExploreConfig
 from coevolve.jsonl import atomic_write_text
-from coevolve.policy.chat import DemoChoice
+from coevolve.policy.chat import STRIP_REFUSED, DemoChoice
 from coevolve.pool import BatchMix
 from coevolve.rollout import RolloutConfig
 from coevolve.signals import SignalConfig
@@ -89,6 +89,12 @@ class ModelSection:
     tool_style: Literal["json", "signatures"] = "json"
     """How the system prompt lists the tools: `json` (BFCL's docs) or `signatures` (one line per tool, ~1/3 of
     the tokens); see coevolve.policy.chat."""
+    reasoning: Literal["keep", "strip", "off"] = "keep"
+    """Reasoning across turns, for models that think (Qwen3): `keep` = what the model writes, its `<think>` block
+    included, stays in the context as sampled (the trainer scores exactly those tokens); `off` = the template's
+    no-thinking mode (Qwen3's `enable_thinking=False`). `strip` (Qwen3's inference habit of dropping earlier
+    turns' reasoning) is refused: the context would change between turns, so one episode would not be one token
+    sequence."""
 
 
 @dataclass(frozen=True)
@@ -278,6 +284,7 @@ class Config:
         _check(0.0 <= self.grpo.partial_credit < 1.0, "grpo.partial_credit", "a number in [0, 1)")
         _check(self.grpo.beta >= 0 and self.grpo.epsilon_low >= 0 and self.grpo.epsilon_high >= 0,
                "grpo.beta/epsilon_*", "must be >= 0")
+        _check(self.model.reasoning != "strip", "model.reasoning", STRIP_REFUSED.split(": ", 1)[1])
         synthesis = self.synthesis
         for role in ("explorer", "abstractor"):
             _check(getattr(synthesis, role) != "llm" or synthesis.llm_base_url is not None, "synthesis.llm_base_url",

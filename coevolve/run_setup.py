@@ -99,7 +99,7 @@ def build_renderer(config: Config, env: Env, tasks: Sequence[Task]) -> tuple[Any
     if not remaining:
         raise ConfigError("model.demos: every task went into the worked examples; lower model.demos")
     renderer = ChatRenderer(tokenizer, config.model.reply_format, demonstrations=demos,
-                            tool_style=config.model.tool_style)
+                            tool_style=config.model.tool_style, reasoning=config.model.reasoning)
     return tokenizer, renderer, remaining
 
 

@@ -74,7 +74,7 @@ def test_a_template_that_rewrites_history_is_refused(tokenizer):
     rewriting = copy.deepcopy(tokenizer)
     # Renders only the last message: appending one changes everything before it.
     rewriting.chat_template = "{{ messages[-1]['content'] }}{% if add_generation_prompt %}<|im_start|>{% endif %}"
-    with pytest.raises(TemplateError, match="rewrites earlier turns"):
+    with pytest.raises(TemplateError, match="changes what follows a reply"):
         ChatRenderer(rewriting, "python").continuation([{"role": "tool", "content": "x"}])
 
 

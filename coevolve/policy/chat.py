@@ -170,16 +170,22 @@ class ChatRenderer:
     """Overrides the format's system prompt; `{tools}` in it is replaced by the tool list."""
     tool_style: str = "json"
     """`json` or `signatures` (see TOOL_STYLES); used where the tools go into the system prompt."""
+    reasoning: str = "keep"
+    """Reasoning across turns (see `REASONING`): `keep` (whatever the model writes, a `<think>` block included,
+    stays in the context token for token, as sampled) or `off` (the template's no-thinking mode, e.g. Qwen3's
+    `enable_thinking=False`: an empty think block in the prompt, not written by the model)."""
     _template_tools: bool | None = field(default=None, repr=False)
     _suffix: str | None = field(default=None, repr=False)
-    _reference: dict[str, str] = field(default_factory=dict, repr=False)
-    """Rendering of the fixed reference conversation `continuation` diffs against, per tool list."""
 
     def __post_init__(self) -> None:
         if self.reply_format not in ("hermes", "python", "code"):
             raise ValueError(f"unknown reply format {self.reply_format!r}; choose 'hermes', 'python' or 'code'")
         if self.tool_style not in TOOL_STYLES:
             raise ValueError(f"unknown tool style {self.tool_style!r}; choose one of {TOOL_STYLES}")
+        if self.reasoning not in REASONING:
+            raise ValueError(f"model.reasoning: {self.reasoning!r} is not one of {', '.join(REASONING)}")
+        if self.reasoning == "strip":
+            raise ValueError(STRIP_REFUSED)
 
     # -- template facts -------------------------------------------------------------------------------------
     @property
@@ -266,8 +272,9 @@ class ChatRenderer:
     # -- tokens ---------------------------------------------------------------------------------------------
     def _apply(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None,
                add_generation_prompt: bool) -> str:
+        extra = {"enable_thinking": False} if self.reasoning == "off" else {}
         return self.tokenizer.apply_chat_template(list(messages), tools=tools or None, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt)
+                                                  add_generation_prompt=add_generation_prompt, **extra)
 
     def _template_tools_arg(self, docs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
         return to_openai_tools(docs) if self.tools_in_template and docs else None
@@ -286,26 +293,40 @@ class ChatRenderer:
         """Tokens that follow a model reply: the rest of the assistant turn, `new_messages`, the generation prompt.
 
         `reply_ended_with` is the reply's last token; when it is the template's end-of-turn token, that part of
-        the suffix is already in the stream (as a model token) and is not repeated."""
+        the suffix is already in the stream (as a model token) and is not repeated.
+
+        Found by rendering a reference conversation whose last reply is a marker, with `new_messages` after it:
+        what follows the marker is the assistant suffix and then the text wanted. Templates that rewrite earlier
+        assistant messages once more messages follow (Qwen3 writes an empty `<think>` block into the last
+        assistant message only, and drops earlier turns' reasoning after a new user message) change only what
+        comes *before* an earlier reply's content; the model's own tokens stay in the stream as sampled, which is
+        `reasoning: keep`. A template that changes what follows a reply's content is refused."""
         tools = self._template_tools_arg(docs)
+        marker = "XYZZY-reply-end"
         base = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
-                {"role": "assistant", "content": "A"}]
-        key = json.dumps(tools, sort_keys=True) if tools else ""
-        if key not in self._reference:  # the same for every reply of every episode with these tools
-            self._reference[key] = self._apply(base, tools, add_generation_prompt=False)
-        before = self._reference[key]
+                {"role": "assistant", "content": marker}]
         after = self._apply(base + [dict(m) for m in new_messages], tools, add_generation_prompt=True)
-        if not after.startswith(before):
-            raise TemplateError("the chat template rewrites earlier turns when messages are appended; "
-                                "multi-turn masks cannot be built from it")
+        position = after.rfind(marker)
+        rest = after[position + len(marker):] if position >= 0 else ""
+        if position < 0 or not rest.startswith(self.assistant_suffix):
+            raise TemplateError("the chat template changes what follows a reply once more messages come; "
+                                "multi-turn masks cannot be built from it (set model.chat_template to a template "
+                                "that keeps earlier replies, e.g. one of TRL's *_training templates)")
         suffix = self.assistant_suffix
         if reply_ended_with is not None:
             ended = self.tokenizer.decode([reply_ended_with])
             if ended and suffix.startswith(ended):
                 suffix = suffix[len(ended):]
-        # `before` ends with the full assistant suffix; the stream so far ends with the reply (and maybe its end token).
-        return self.encode(suffix + after[len(before):])
+        # The stream so far ends with the reply (and maybe its end token): the suffix's remainder, then the rest.
+        return self.encode(suffix + rest[len(self.assistant_suffix):])
 
+
+REASONING = ("keep", "strip", "off")
+"""`model.reasoning` choices; `strip` is refused (STRIP_REFUSED)."""
+STRIP_REFUSED = ("model.reasoning: strip (drop earlier turns' reasoning, as Qwen3's template does at inference) would "
+                 "re-render the context between turns, so an episode is no longer one token sequence and the trainer "
+                 "would score tokens the model never saw; use keep (the sampled reasoning stays in context) or off "
+                 "(no reasoning)")
 
 DONE_MESSAGE = "Done."
 

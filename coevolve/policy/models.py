@@ -155,9 +155,11 @@ def load_model(spec: str, dtype: str = "auto", device: str = "auto") -> tuple[An
 
 def build_tiny_model(tokenizer: Any, hidden_size: int = 64, num_layers: int = 2, seed: int = 0,
                      family: str = "llama") -> Any:
-    """A randomly initialised model of the Llama or Qwen2 family sized for tests and benchmarks."""
+    """A randomly initialised model of the Llama, Qwen2 or Qwen3 family sized for tests and benchmarks."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
+
+    extra = {"head_dim": hidden_size // 4} if family == "qwen3" else {}  # Qwen3's default head_dim is 128
 
     config = AutoConfig.for_model(
         family,
@@ -172,6 +174,7 @@ def build_tiny_model(tokenizer: Any, hidden_size: int = 64, num_layers: int = 2,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+        **extra,
     )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()

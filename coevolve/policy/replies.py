@@ -8,6 +8,8 @@
   text handed to the env as is (AppWorld runs it as a cell; BFCL parses it as a call). A block left open at the end
   of the reply still counts. Text outside the blocks is talk; a reply without a block ends the turn.
 
+A reasoning model's `<think>...</think>` blocks are thought, not action: calls inside them are not calls.
+
 `split_reply` only finds where calls are; it never interprets them. Each call comes back as text, and the env
 parses it (`coevolve.calls`, no evaluation), so a malformed call becomes an error observation with the env's own
 reason, exactly as a well-formed but wrong one does. A reply in which no call is attempted ends the model's turn.
@@ -31,6 +33,7 @@ _HERMES_OPEN_PATTERN = re.compile(re.escape(_HERMES_OPEN))
 _BLOCK_OPEN = re.compile(r"```[A-Za-z0-9_+-]*[ \t]*\n?")  # a code fence with an optional language tag
 _FENCE = re.compile(r"^\s*```[A-Za-z0-9_+-]*\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
 _CALL_START = re.compile(r"^\s*\[?\s*[A-Za-z_][A-Za-z0-9_]*\s*\(")
+_THINK = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL)
 MAX_CALLS_PER_REPLY = 64
 
 
@@ -47,6 +50,7 @@ class SplitReply:
 
 
 def split_reply(text: str, reply_format: str) -> SplitReply:
+    text = without_reasoning(text)
     if reply_format == "hermes":
         return _split_hermes(text)
     if reply_format == "python":
@@ -54,6 +58,12 @@ def split_reply(text: str, reply_format: str) -> SplitReply:
     if reply_format == "code":
         return _split_code(text)
     raise ValueError(f"unknown reply format {reply_format!r}; choose one of {REPLY_FORMATS}")
+
+
+def without_reasoning(text: str) -> str:
+    """The reply without its `<think>` blocks (Qwen3 and other reasoning models): a call written while thinking is
+    not a call, and a block left open at the token limit is all thought."""
+    return _THINK.sub("", text) if "<think>" in text else text
 
 
 def _limited(calls: list[str], content: str) -> SplitReply:
