@@ -9,8 +9,8 @@ trainer's set-up), and does it train the very same thing?
 Method: the same config, model, tasks and seeds, two trainers built the same way in this process:
 - `one call`: `train_steps(trainer, dir, S)` once (S = `--steps`),
 - `per iteration`: `train_steps(trainer, dir, s)` for s = I, 2I, ..., S (I = `--steps-per-iteration`).
-Both save a checkpoint at every iteration's end (the loop does so in either design). Wall seconds of the training
-calls only, and of the checkpoint reload inside them (`_load_from_checkpoint` + `_load_optimizer_and_scheduler` +
+Both save a checkpoint at every iteration's end (`run.save_steps` = I: the loop does so in either design). Wall
+seconds of the training calls only, and of the checkpoint reload inside them (`_load_from_checkpoint` + `_load_optimizer_and_scheduler` +
 `_load_rng_state`, timed by wrapping them); the rollouts and final weights are compared for equality.
 Model: the shipped SmolLM2-135M (`--model smollm2`, the quickstart's) or a random tiny Llama (`--model tiny`).
 
@@ -104,7 +104,8 @@ def main() -> None:
     model_dir = model_folder(args.model, scratch)
     iteration = args.steps_per_iteration
     config = load_config(Path(__file__).resolve().parent.parent / "configs" / "quickstart.yaml", [
-        f"model.name={model_dir}", "model.device=cpu", f"run.max_steps={args.steps}", "run.save_steps=1000",
+        f"model.name={model_dir}", "model.device=cpu", f"run.max_steps={args.steps}",
+        f"run.save_steps={iteration}",  # both designs checkpoint at every iteration's end, as the loop does
         f"loop.steps_per_iteration={iteration}"])
     stops = list(range(iteration, args.steps + 1, iteration))
     whole = train(config, model_dir, scratch / "one", [args.steps])

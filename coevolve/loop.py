@@ -59,7 +59,9 @@ The run directory:
                          the synthesis summary (candidates, accepted, rejected by code, skipped), pool size by source,
                          seconds per phase (train, signals, synthesis, eval), the feedback share of wall time
     steps.jsonl          one line per optimizer step: TRL's loss/reward/KL/clip ratios + our rollout summary
-    rollouts.jsonl       one line per trajectory trained on (iteration, step, calls, score, reasons; no token ids)
+    rollouts.jsonl       one line per trajectory trained on (iteration, step, calls, score, reasons; no token ids);
+                         with N processes each writes its share (rollouts.pI.jsonl for process I > 0)
+    samples.jsonl        per iteration, the sample of D_{t-1} its slots stood for (samples.pI.jsonl likewise)
     synthesis.jsonl      one line per candidate: signal -> flagged trajectories -> episode -> candidate -> verdict
     pool.sqlite          D_t for every t, with provenance and each task's success history
     checkpoints/         TRL checkpoints every run.save_steps and at every iteration's end
@@ -87,7 +89,7 @@ from coevolve.jsonl import JsonLines, atomic_write_text
 from coevolve.pool import BatchMix, TaskPool
 from coevolve.records import SIGNAL_KINDS, ExplorationContext, Task, Trajectory
 from coevolve.report import write_report
-from coevolve.run_setup import (METRICS, build_env, build_eval, build_renderer, check_single_process, first_heldout,
+from coevolve.run_setup import (METRICS, build_env, build_eval, build_renderer, check_processes, first_heldout, process_state,
                                 last_heldout, load_tasks, open_pool, policy_backend, prepare_run, summary_of,
                                 summary_table)
 from coevolve.signals import SignalReport, extract_signals
@@ -95,7 +97,7 @@ from coevolve.synthesis import (Deadline, Stage, SynthesisResult, abstract, buil
                                 signal_contexts, synthesis_result, validate)
 from coevolve.validate import Validator
 
-STEPS, ROLLOUTS, LINEAGE = "steps.jsonl", "rollouts.jsonl", "synthesis.jsonl"
+STEPS, ROLLOUTS, SAMPLES, LINEAGE = "steps.jsonl", "rollouts.jsonl", "samples.jsonl", "synthesis.jsonl"
 
 
 @dataclass(frozen=True)
@@ -140,32 +142,32 @@ class RunResult:
 
 def coevolve_iteration(run: "Run", t: int) -> IterationMetrics | None:
     """Iteration t: GRPO on a sample of D_{t-1}, then the feedback that makes D_t, then evaluation and the record."""
-    timer = PhaseTimer()
+    timer, report, synthesis = PhaseTimer(), None, None
     with timer("train"):
         tasks = sample_tasks(run, t)
         trajectories = grpo_steps(run, t, tasks)
-    if not run.is_main:
-        return None  # other processes only train; the main process runs the phases below and writes the files
-    with timer("signals"):
-        report = mine_signals(run, t, trajectories)
-    with timer("synthesis"):
-        contexts = choose_contexts(run, t, report, trajectories)
-        deadline = Deadline.after(run.config.synthesis.time_budget_seconds)
-        explored = explore_contexts(run, t, contexts, deadline)
-        abstracted = abstract_episodes(run, t, explored, deadline)
-        validated = validate_candidates(run, t, abstracted, deadline)
-        synthesis = admit(run, t, contexts, explored, abstracted, validated)
+    if run.is_main:  # plumbing: with several processes, one runs the feedback and writes the pool and the files
+        with timer("signals"):
+            report = mine_signals(run, t, trajectories)
+        with timer("synthesis"):
+            contexts = choose_contexts(run, t, report, trajectories)
+            deadline = Deadline.after(run.config.synthesis.time_budget_seconds)
+            explored = explore_contexts(run, t, contexts, deadline)
+            abstracted = abstract_episodes(run, t, explored, deadline)
+            validated = validate_candidates(run, t, abstracted, deadline)
+            synthesis = admit(run, t, contexts, explored, abstracted, validated)
+    run.wait_for_everyone()
     with timer("eval"):
         heldout = evaluate_heldout(run, t)
-    return record_iteration(run, t, trajectories, report, synthesis, heldout, timer.seconds)
+    return record_iteration(run, t, trajectories, report, synthesis, heldout, timer.seconds) if run.is_main else None
 
 
-def evaluate_before_training(run: "Run") -> IterationMetrics:
+def evaluate_before_training(run: "Run") -> IterationMetrics | None:
     """Iteration 0: the policy before any GRPO step, on the held-out set; D_0's size."""
     timer = PhaseTimer()
     with timer("eval"):
         heldout = evaluate_heldout(run, 0)
-    return record_iteration(run, 0, [], None, None, heldout, timer.seconds)
+    return record_iteration(run, 0, [], None, None, heldout, timer.seconds) if run.is_main else None
 
 
 def sample_tasks(run: "Run", t: int) -> list[Task]:
@@ -186,6 +188,8 @@ def grpo_steps(run: "Run", t: int, tasks: Sequence[Task]) -> list[Trajectory]:
     done = checkpoint_step(checkpoint) if checkpoint else 0
     if done < last:
         run.rollouts.assign_slots(tasks, t, run.slots)
+        run.samples_log.rewrite(lambda row: row.get("iteration") != t)  # a resumed iteration draws the same sample
+        run.samples_log.append({"iteration": t, "task_ids": [task.id for task in tasks]})
         reached = train_steps(run.trainer, run.directory, last)
         if reached < last:  # TRL's epoch/step bookkeeping disagreeing with ours: never report steps not trained
             raise TrainingError(f"iteration {t} trained to step {reached}, not {last}; if resumed, the checkpoint's "
@@ -193,9 +197,12 @@ def grpo_steps(run: "Run", t: int, tasks: Sequence[Task]) -> list[Trajectory]:
                                 "loop.steps_per_iteration)")
     elif checkpoint is not None:
         load_weights(run.trainer, checkpoint)  # a redo after a kill: the phases below see the checkpoint's policy
-    # From the log, never from memory: a normal iteration and its redo after a kill read the very same records.
+    run.wait_for_everyone()  # every process's share of the rollouts is in its log
+    # From the logs, never from memory: a normal iteration and its redo after a kill read the very same records;
+    # the main process reads every process's share (the signals need whole groups).
+    logs = run.all_rollout_logs() if run.is_main else [run.rollouts_log]
     return [Trajectory.from_dict({k: v for k, v in row.items() if k != "step"})
-            for row in run.rollouts_log.read() if row.get("iteration") == t]
+            for log in logs for row in log.read() if row.get("iteration") == t]
 
 
 def mine_signals(run: "Run", t: int, trajectories: Sequence[Trajectory]) -> SignalReport:
@@ -255,20 +262,28 @@ def admit(run: "Run", t: int, contexts: Sequence[ExplorationContext], explored: 
 
 
 def evaluate_heldout(run: "Run", t: int) -> float | None:
-    """9. Greedy success on the held-out tasks, every `loop.eval_every` iterations and after the last."""
+    """9. Greedy success on the held-out tasks, every `loop.eval_every` iterations and after the last. With several
+    processes each evaluates every N-th task and the main process gathers the results."""
     every = run.config.loop.eval_every
-    if not run.evaluates or not (t == run.iterations or t == 0 or (every and t % every == 0)):
+    if not (t == run.iterations or t == 0 or (every and t % every == 0)):
         return None
+    from accelerate import PartialState
+    from accelerate.utils import gather_object
     from coevolve.evaluate import evaluate_model
     from coevolve.policy.backends import SamplingConfig
     from tqdm.auto import tqdm
 
+    process = PartialState()
+    shard = list(run.eval_tasks)[process.process_index::process.num_processes]
     greedy = replace(run.config.rollout.engine(), group_size=1, sampling=SamplingConfig(temperature=0.0, seed=0))
-    with run.generation() as backend, tqdm(total=len(run.eval_tasks), desc="held-out eval", unit="task",
-                                           leave=False) as bar:
-        report, _ = evaluate_model(run.eval_env, list(run.eval_tasks), backend, run.renderer, greedy, "model",
+    with run.generation() as backend, tqdm(total=len(shard), desc="held-out eval", unit="task", leave=False,
+                                           disable=not run.is_main) as bar:
+        report, _ = evaluate_model(run.eval_env, shard, backend, run.renderer, greedy, "model",
                                    progress=lambda finished, total: bar.update(finished - bar.n))
-    return report.accuracy
+    if process.num_processes == 1:
+        return report.accuracy
+    successes = gather_object([result.score.success for result in report.results])
+    return sum(successes) / len(successes) if successes else 0.0
 
 
 def record_iteration(run: "Run", t: int, trajectories: Sequence[Trajectory], report: SignalReport | None,
@@ -334,8 +349,7 @@ class Run:
     eval_tasks: list[Task]
     say: Callable[[str], None]
     is_main: bool = True
-    evaluates: bool = True
-    """Held-out evaluation needs every process's shard of the model at once: one process only."""
+    num_processes: int = 1
     trainer: Any = None
     rollouts: Any = None
     """The trainer's rollout function (`coevolve.train.EnvRollouts`): its slots say which task each row is."""
@@ -356,6 +370,7 @@ class Run:
 
         index = PartialState().process_index
         self.rollouts_log = JsonLines(self.directory / (f"rollouts.p{index}.jsonl" if index else ROLLOUTS))
+        self.samples_log = JsonLines(self.directory / (f"samples.p{index}.jsonl" if index else SAMPLES))
         self.abstractor = build_abstractor(self.config.synthesis)
         if self.config.synthesis.explorer != "policy":
             self.offline_explorer = build_explorer(self.config.synthesis)
@@ -366,6 +381,17 @@ class Run:
 
     def recorded(self) -> set[int]:
         return {record["iteration"] for record in self.metrics_log.read()}
+
+    def all_rollout_logs(self) -> list[JsonLines]:
+        """Every process's rollout log, process 0 first."""
+        return [JsonLines(self.directory / ROLLOUTS)] + [
+            JsonLines(self.directory / f"rollouts.p{index}.jsonl") for index in range(1, self.num_processes)]
+
+    def wait_for_everyone(self) -> None:
+        if self.num_processes > 1:
+            from accelerate import PartialState
+
+            PartialState().wait_for_everyone()
 
     def tasks_before(self, t: int) -> dict[str, Task]:
         return {task.id: task for task in self.pool.tasks_at(max(t - 1, 0))}
@@ -453,12 +479,11 @@ def synthesize_before_training(run: Run) -> None:
 def run(config_path: str | None, overrides: Sequence[str] = (), output_dir: str | None = None,
         resume: bool = False, backend: Any = None, say: Callable[[str], None] = print) -> RunResult:
     """A whole run: set-up, iteration 0's evaluation, iterations 1..T (`coevolve_iteration`), the final model."""
-    from accelerate import PartialState
-
     started = time.perf_counter()
     config, directory = prepare_run(config_path, overrides, output_dir, resume)
-    process = PartialState()
-    check_single_process(config, process.num_processes)
+    process = process_state(config)
+    say = say if process.is_main_process else (lambda text: None)  # one voice for N processes
+    check_processes(config, process.num_processes, deepspeed=process.distributed_type.name == "DEEPSPEED")
     env = build_env(config)
     tokenizer, renderer, tasks = build_renderer(config, env, load_tasks(config, env))
     eval_env, eval_tasks = build_eval(config, env)
@@ -467,15 +492,15 @@ def run(config_path: str | None, overrides: Sequence[str] = (), output_dir: str 
         f"in iterations of {config.loop.steps_per_iteration}; held-out: {len(eval_tasks)} tasks")
     with open_pool(directory, tasks) as pool:
         state = Run(config, directory, env, renderer, pool, eval_env, eval_tasks, say, is_main=process.is_main_process,
-                    evaluates=process.num_processes == 1, backend=backend)
+                    num_processes=process.num_processes, backend=backend)
         plan = resume_plan(state, resume)
         if config.run.mode != "zero-shot":
             build_trainer(state, tokenizer)
         if state.is_main and config.run.mode == "synthetic" and not plan.baseline_done:
             synthesize_before_training(state)
-        if state.is_main and not plan.baseline_done:
-            evaluate_before_training(state)
         process.wait_for_everyone()
+        if not plan.baseline_done:
+            evaluate_before_training(state)
         final = plan.checkpoint_step
         if config.run.mode != "zero-shot":
             if plan.first_iteration > state.iterations:

@@ -35,15 +35,20 @@ def prepare_run(config_path: str | None, overrides: Sequence[str], output_dir: s
             raise ConfigError(f"{directory} already holds a run; continue it with --resume, or pick another "
                               "--output-dir")
     directory.mkdir(parents=True, exist_ok=True)
-    if _is_main_process():
+    if process_state(config).is_main_process:
         write_config(config, directory / "config.yaml")
     return config, directory
 
 
-def _is_main_process() -> bool:
-    from accelerate import PartialState  # the same answer TRL and the trainer use
+def process_state(config: Config) -> Any:
+    """accelerate's process state (the one TRL and the trainer use), set up for the run's device first: under
+    `torchrun`/`accelerate launch` on CPUs, accelerate only sees the other processes (gloo) when told `cpu=True`;
+    otherwise every process would believe it is alone and the main one."""
+    from accelerate import PartialState
 
-    return PartialState().is_main_process
+    from coevolve.policy.models import pick_device
+
+    return PartialState(cpu=pick_device(config.model.device) == "cpu")
 
 
 def _takes_split(name: str) -> bool:
@@ -145,10 +150,20 @@ def policy_backend(config: Config, tokenizer: Any) -> Any:
     return TransformersBackend(model, tokenizer)
 
 
-def check_single_process(config: Config, num_processes: int) -> None:
-    if num_processes > 1 and config.run.mode != "static":
-        raise ConfigError(f"run.mode {config.run.mode}: the feedback modes run in one process (synthesis and the "
-                          "pool are not shared across processes); multi-process training is mode static")
+def check_processes(config: Config, num_processes: int, deepspeed: bool = False) -> None:
+    """What a run on `num_processes` processes needs, checked before anything loads: a step's trajectories split
+    into whole micro-batches on every process; the policy as explorer only where one process can generate alone
+    (under DeepSpeed ZeRO every forward pass is collective, and synthesis runs on the main process only)."""
+    trajectories = config.grpo.prompts_per_step * config.rollout.group_size
+    micro = config.grpo.micro_batch_size or config.rollout.group_size
+    if trajectories % (micro * num_processes):
+        raise ConfigError(f"grpo.prompts_per_step x rollout.group_size = {trajectories} trajectories a step do not "
+                          f"split into micro-batches of {micro} (grpo.micro_batch_size) on {num_processes} processes; "
+                          f"make it a multiple of {micro * num_processes}")
+    if num_processes > 1 and deepspeed and config.synthesis.explorer == "policy" and config.run.mode == "coevolve":
+        raise ConfigError("synthesis.explorer: policy cannot run under DeepSpeed with several processes (synthesis "
+                          "runs on the main process alone, and every ZeRO forward pass needs all of them); use "
+                          "synthesis.explorer: llm with an endpoint, or offline")
 
 
 def first_heldout(records: Sequence[dict[str, Any]]) -> float | None:

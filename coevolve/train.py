@@ -591,6 +591,7 @@ def metrics_callback(metrics: JsonLines, pending: dict[int, dict[str, Any]]) -> 
             record = {"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
             for step in sorted(s for s in pending if s <= state.global_step):
                 record.update({k: v for k, v in pending.pop(step).items() if k != "step"})
-            metrics.append(record)
+            if state.is_world_process_zero:  # one line per step; rollout/* are the main process's share of it
+                metrics.append(record)
 
     return _Metrics()
