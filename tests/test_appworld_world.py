@@ -228,3 +228,27 @@ def test_the_loop_trains_on_appworld(appworld_root, tmp_path, tiny_dir):
     assert result.final_step == 1 and [m["iteration"] for m in metrics] == [0, 1]
     assert metrics[0]["heldout_success"] == 0.0 and metrics[1]["train_success"] == 0.0  # random replies
     assert (out / "report.html").exists()
+
+
+def test_the_shipped_appworld_config_runs_one_iteration_on_the_cpu(appworld_root, tmp_path, tokenizer):
+    """configs/appworld-qwen3-4b.yaml rehearsed as the BFCL configs are (test_gpu_configs.py): a tiny random Qwen3
+    with Qwen3's template, vLLM off, CPU sizes; AppWorld's offline-built data (train split only, so held-out is
+    evaluated on train here)."""
+    import copy
+
+    from coevolve.loop import run
+    from coevolve.policy.models import build_tiny_model
+    from conftest import trl_template
+    from support import save_model
+    from test_gpu_configs import CPU_SIZES
+
+    qwen3 = copy.deepcopy(tokenizer)
+    qwen3.chat_template = trl_template("qwen3")
+    model_dir = save_model(build_tiny_model(qwen3, family="qwen3"), qwen3, tmp_path / "qwen3")
+    out = tmp_path / "run"
+    run(str(ROOT / "configs" / "appworld-qwen3-4b.yaml"),
+        [f"model.name={model_dir}", *CPU_SIZES, "rollout.group_size=2", "grpo.micro_batch_size=2",
+         f"env.options.root={appworld_root}", f"env.options.python={APPWORLD_PYTHON}", "loop.eval_split=train",
+         "loop.eval_limit=1"], str(out), say=lambda text: None)
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["iteration"] for m in metrics] == [0, 1] and (out / "final").exists()
