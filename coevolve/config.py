@@ -114,6 +114,10 @@ class RolloutSection:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    max_consecutive_failures: int = 32
+    """Training stops, naming the cause, after this many rollouts in a row failed outside the agent (the backend
+    or endpoint failed, the env's worker crashed or hung); 0 = never. Each such rollout scores 0 and is counted
+    in metrics.jsonl (`failures`)."""
 
     def engine(self) -> RolloutConfig:
         """The engine's limits (sampling is set per call: per step in training, greedy in evaluation)."""

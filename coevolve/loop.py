@@ -116,6 +116,10 @@ class IterationMetrics:
     """`SynthesisResult.summary()`: contexts, candidates, accepted, rejected by code, skipped, seconds per stage."""
     pool: Mapping[str, int]
     """D_t's size by source after the iteration."""
+    failures: Mapping[str, int]
+    """The iteration's training rollouts that failed outside the agent, by cause: `backend` (generation backend or
+    endpoint) and `environment` (the env's worker crashed or hung; AppWorld then starts a fresh worker, so this
+    also counts restarts)."""
     seconds: Mapping[str, float]
     """Wall seconds per phase: train, signals, synthesis, eval."""
     feedback_share: float
@@ -296,7 +300,9 @@ def record_iteration(run: "Run", t: int, trajectories: Sequence[Trajectory], rep
         t, run.step_range(t) if t else None,
         sum(tr.score >= 1.0 for tr in trajectories) / len(trajectories) if trajectories else None, heldout,
         {kind: report.count(kind) if report is not None else 0 for kind in SIGNAL_KINDS},
-        synthesis.summary() if synthesis is not None else {}, pool_sizes(run.pool, t), seconds,
+        synthesis.summary() if synthesis is not None else {}, pool_sizes(run.pool, t),
+        {cause: sum(1 for tr in trajectories if (tr.failure or "").startswith(cause + ":"))
+         for cause in ("backend", "environment")}, seconds,
         round(feedback / max(1e-9, sum(seconds.values())), 4) if t else 0.0,
     )
     run.metrics_log.append(metrics.to_dict())
@@ -454,7 +460,8 @@ def build_trainer(run: Run, tokenizer: Any) -> None:
 
     run.rollouts = EnvRollouts(run.env, run.pool.tasks_at(0), run.renderer, config.rollout.engine(),
                                seed=config.run.seed, mask_truncated=config.grpo.mask_truncated, backend=run.backend,
-                               on_step=on_step, reward=config.grpo.reward, partial_credit=config.grpo.partial_credit)
+                               on_step=on_step, reward=config.grpo.reward, partial_credit=config.grpo.partial_credit,
+                               max_consecutive_failures=config.rollout.max_consecutive_failures)
     run.trainer = trl_trainer(config, run.directory, resolve_model(config.model.name), tokenizer, run.rollouts, [],
                               callbacks=[metrics_callback(run.steps_log, pending)], dataset=slot_dataset(run.slots))
 

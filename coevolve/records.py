@@ -198,7 +198,8 @@ class Step(_JsonRecord):
 
 @dataclass(frozen=True)
 class Check(_JsonRecord):
-    """One check of an episode's outcome (BFCL: a per-turn state, response or empty-turn check)."""
+    """One check of an episode's outcome (BFCL: a per-turn state, response or empty-turn check). Kind `process`
+    marks a failure of the env's machinery, not of the agent (AppWorld: a worker that crashed or hung)."""
 
     turn_index: int
     kind: str
@@ -247,6 +248,9 @@ class Trajectory(_JsonRecord):
     logprobs: tuple[float, ...] = ()
     """Sampling logprobs of the completion tokens (0.0 where the mask is 0)."""
     seconds: float = 0.0
+    failure: str | None = None
+    """Why the episode could not be played, when that was not the agent's doing: `backend: ...` (the generation
+    backend or endpoint failed) or `environment: ...` (the env's worker crashed or hung). None otherwise."""
 
     @property
     def tool_names(self) -> tuple[str, ...]:
@@ -268,6 +272,7 @@ class Trajectory(_JsonRecord):
             completion_mask=tuple(data.get("completion_mask", ())),
             logprobs=tuple(data.get("logprobs", ())),
             seconds=float(data.get("seconds", 0.0)),
+            failure=data.get("failure"),
         )
 
 

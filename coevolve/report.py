@@ -2,7 +2,8 @@
 
 What it shows, from the files the loop writes (coevolve.loop): the run's summary and resolved config; success per
 iteration (train rollouts, held-out); signal counts per iteration, stacked by kind; the pool's size per iteration
-by source; wall time per iteration, stacked by phase, with the feedback share; and a table of every candidate
+by source; rollouts that failed outside the agent (backend, environment); wall time per iteration, stacked by
+phase, with the feedback share; and a table of every candidate
 synthesis validated, with its lineage — signal -> flagged trajectories -> exploration episode ->
 candidate (query, solution) -> verdict -> task — filterable to the accepted ones. Plots are inline SVG drawn
 here; everything is escaped (queries and solutions are model output).
@@ -137,6 +138,8 @@ def render(directory: str | Path) -> str:
         stacked_bars("Signals raised", labels, {k: [m.get("signals", {}).get(k, 0) for m in metrics] for k in kinds}),
         stacked_bars("Pool D_t by source", labels, {
             source: [m.get("pool", {}).get(source, 0) for m in metrics] for source in ("seed", "synthetic")}),
+        stacked_bars("Rollouts failed outside the agent", labels, {
+            cause: [m.get("failures", {}).get(cause, 0) for m in metrics] for cause in ("backend", "environment")}),
         stacked_bars("Wall seconds by phase", labels, {
             phase: [m.get("seconds", {}).get(phase, 0.0) for m in metrics] for phase in phases}),
     ]

@@ -87,6 +87,7 @@ class _Run:
         self.steps: list[Step] = []
         self.notes: list[str] = []
         self.replies = 0
+        self.failure: str | None = None
         self.replies_in_turn = 0
         self.turns_played = 0
         self.finished = False
@@ -117,6 +118,8 @@ class _Run:
             completion_mask=tuple(self.mask),
             logprobs=tuple(self.logprobs),
             seconds=self.seconds,
+            failure=self.failure or next((f"environment: {check.reason}" for check in score.checks
+                                          if check.kind == "process" and not check.passed), None),
         )
 
 
@@ -181,6 +184,7 @@ def _apply_token_reply(run: _Run, generation: Generation, config: RolloutConfig,
 def _apply_chat_reply(run: _Run, generation: Generation, config: RolloutConfig, reply_format: str) -> None:
     run.replies += 1
     if generation.error is not None:
+        run.failure = f"backend: {generation.error}"
         run.finish(f"reply {run.replies}: backend failed ({generation.error})")
         return
     if generation.finish_reason == "length":

@@ -76,6 +76,22 @@ class TrainingError(RuntimeError):
     """Training cannot go on as asked (the message says why and what to do)."""
 
 
+class FailureStreak:
+    """Counts rollouts in a row that failed outside the agent (`Trajectory.failure`: backend or env worker) and
+    stops training at `limit` with the cause: a dead endpoint or a crashing env would otherwise train on zeros."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.streak = limit, 0
+
+    def observe(self, trajectories: Sequence[Trajectory]) -> None:
+        for trajectory in trajectories:
+            self.streak = self.streak + 1 if trajectory.failure else 0
+            if self.limit and self.streak >= self.limit:
+                raise TrainingError(f"{self.streak} rollouts in a row failed outside the agent, the last with "
+                                    f"{trajectory.failure}; stopping (rollout.max_consecutive_failures="
+                                    f"{self.limit}). Fix the cause and continue with --resume")
+
+
 class EnvRollouts:
     """TRL `rollout_func`: our batched multi-turn engine over the env; see the module docstring.
 
@@ -85,12 +101,13 @@ class EnvRollouts:
     def __init__(self, env: Env, tasks: Sequence[Task], renderer: ChatRenderer, rollout_config: RolloutConfig,
                  seed: int = 0, iteration: int = 0, mask_truncated: bool = False, backend: Any = None,
                  on_step: Callable[[StepRollouts], None] | None = None, reward: str = "env",
-                 partial_credit: float = 0.5) -> None:
+                 partial_credit: float = 0.5, max_consecutive_failures: int = 0) -> None:
         self.env, self.renderer, self.config = env, renderer, rollout_config
         self.reward, self.partial_credit = reward, partial_credit
         self.tasks = {task.id: task for task in tasks}
         self.seed, self.iteration, self.mask_truncated = seed, iteration, mask_truncated
         self.backend, self.on_step = backend, on_step
+        self.failures = FailureStreak(max_consecutive_failures)
         self.last: StepRollouts | None = None
         self.slots: dict[str, str] = {}
         """Slot name (a row of `slot_dataset`) -> the task it stands for in the current iteration."""
@@ -157,7 +174,8 @@ class EnvRollouts:
         record = StepRollouts(step, trajectories, time.perf_counter() - started)
         self.last = record
         if self.on_step is not None:
-            self.on_step(record)
+            self.on_step(record)  # logged first: the failures that stop the run are in rollouts.jsonl
+        self.failures.observe(trajectories)
         masks = [list(t.completion_mask) for t in trajectories]
         if self.mask_truncated:
             masks = [[0] * len(mask) if t.truncated else mask for t, mask in zip(trajectories, masks)]

@@ -16,8 +16,8 @@ from coevolve.pool import TaskPool
 from support import ls_tasks, write_tasks
 
 REPO = Path(__file__).resolve().parent.parent
-FIELDS = {"iteration", "steps", "train_success", "heldout_success", "signals", "synthesis", "pool", "seconds",
-          "feedback_share"}
+FIELDS = {"iteration", "steps", "train_success", "heldout_success", "signals", "synthesis", "pool", "failures",
+          "seconds", "feedback_share"}
 
 
 def settings(model_dir: Path, tasks_file: Path, mode: str, *extra: str) -> list[str]:
@@ -175,3 +175,33 @@ def test_sigkill_in_the_feedback_phase_then_resume_loses_and_doubles_nothing(tmp
     assert got["versions"] == want["versions"] and got["history"] == want["history"]
     assert got["lineage"] == want["lineage"]  # the redone iteration replaced its lines, no duplicates
     assert got["rollouts"] == want["rollouts"]
+
+
+class DeadEndpoint:
+    """A chat backend whose every request failed after its retries (what `OpenAIBackend` returns then)."""
+
+    def chat(self, conversations, tools, sampling):
+        from coevolve.policy.backends import Generation
+
+        return [Generation("", error="gave up after 4 attempts: APIConnectionError") for _ in conversations]
+
+
+def test_rollouts_failing_outside_the_agent_stop_the_run_with_the_cause_and_are_counted(tmp_path, ls_policy_dir,
+                                                                                        tasks_file):
+    """A dead endpoint would otherwise train on zeros for the whole run: after `rollout.max_consecutive_failures`
+    failed rollouts in a row the run stops naming the cause, and what failed is in the run's logs."""
+    from coevolve.train import FailureStreak, TrainingError
+
+    out = tmp_path / "dead"
+    with pytest.raises(TrainingError, match=r"8 rollouts in a row failed outside the agent, the last with backend: "
+                                            r"gave up after 4 attempts: APIConnectionError"):
+        run(None, settings(ls_policy_dir, tasks_file, "static", "rollout.max_consecutive_failures=8",
+                           "loop.eval_limit=1"), str(out), backend=DeadEndpoint(), say=lambda text: None)
+    logged = read_jsonl(out / "rollouts.jsonl")
+    assert len(logged) == 8 and all(r["failure"].startswith("backend: gave up") and r["score"] == 0 for r in logged)
+
+    streak = FailureStreak(limit=3)  # a success in between starts the count again
+    ok, failed = (type("T", (), {"failure": value}) for value in (None, "environment: worker crashed"))
+    streak.observe([failed, failed, ok, failed, failed])
+    with pytest.raises(TrainingError, match="3 rollouts in a row .* environment: worker crashed"):
+        streak.observe([failed])

@@ -23,6 +23,7 @@ def _metric(iteration, train, heldout, boundary, synthetic, feedback_seconds):
             "signals": {"forgetting": 1, "boundary": boundary, "rare": 0},
             "synthesis": {"accepted": synthetic} if iteration else {}, "pool": {"seed": 10, "synthetic": synthetic,
                                                                                "total": 10 + synthetic},
+            "failures": {"backend": 0, "environment": iteration},
             "seconds": {"train": 5.0, "signals": 0.1, "synthesis": feedback_seconds, "eval": 1.0},
             "feedback_share": feedback_seconds / (6.1 + feedback_seconds)}
 
@@ -49,7 +50,7 @@ def run_dir(tmp_path) -> Path:
 
 def test_the_page_is_self_contained_and_escapes_model_output(run_dir):
     page = render(run_dir)
-    assert page.count('<figure class="plot"') == 4
+    assert page.count('<figure class="plot"') == 5 and "Rollouts failed outside the agent" in page
     assert "<script>alert" not in page and "&lt;script&gt;alert" in page
     assert not re.search(r"(src|href)=['\"]?https?:", page)  # nothing fetched from anywhere
     assert page.count('<tr class="accepted">') == 1 and page.count('<tr class="rejected">') == 1
