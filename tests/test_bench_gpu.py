@@ -62,3 +62,21 @@ def test_gpu_requirements_replace_the_base_pins_vllm_conflicts_with():
     assert done.returncode == 0 and len(names) == len(set(names))  # one pin per package
     assert "transformers==5.20.2" in pins and "numpy==2.3.5" in pins and "vllm==0.33.0" in pins
     assert "trl==1.16.0" in pins and "peft==0.21.2" in pins  # the rest of base.txt stays
+
+
+def test_gpu_check_runs_on_the_cpu_at_a_tiny_size(tmp_path, smol_dir):
+    """bench/gpu_check.py (the check prepared for a lent GPU with only PyTorch and transformers): its three parts
+    run end to end on a tiny Qwen3 and its section reports them."""
+    import json
+
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_check.py"), "--device", "cpu", "--dtype",
+                           "float32", "--sizes", "tiny", "--tasks", "2", "--group-size", "2", "--max-new-tokens", "8",
+                           "--prompts-per-step", "1", "--grpo-steps", "1", "--tokenizer", str(smol_dir), "--out",
+                           str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    tiny = results["sizes"]["tiny"]
+    assert tiny["rollouts"]["ours_tokens"] > 0 and tiny["rollouts"]["generate_tokens"] > 0
+    assert tiny["grpo"]["step_seconds"] > 0 and tiny["grpo"]["step_tokens"] > 0
+    assert results["loop"]["iterations"] == [0, 1, 2]
+    assert "| Qwen3 tiny |" in (tmp_path / "out" / "gpu_check.md").read_text()
