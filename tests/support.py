@@ -78,3 +78,25 @@ def opening_prompts(tokenizer, tasks, reply_format: str = "python") -> list[list
         messages = renderer.opening_messages(episode.tools(), episode.user_messages())
         prompts.append(renderer.prompt_ids(messages, episode.tools()))
     return prompts
+
+
+def run_record(directory: Path) -> dict:
+    """What a run directory says happened, without timings: metrics lines, every D_t, success histories, lineage,
+    every process's rollouts (ids and scores) and samples, and the logged steps. Two runs that trained alike (an
+    uninterrupted one and one killed and resumed) have equal records."""
+    from coevolve.jsonl import read_jsonl
+    from coevolve.pool import TaskPool
+
+    metrics = [{k: v for k, v in m.items() if k not in ("seconds", "feedback_share")}
+               for m in read_jsonl(directory / "metrics.jsonl")]
+    for m in metrics:
+        m.get("synthesis", {}).pop("seconds", None)
+    with TaskPool(directory / "pool.sqlite") as pool:
+        versions = {t: sorted(task.id for task in pool.tasks_at(t)) for t in pool.iterations()}
+        history = {task.id: pool.history(task.id) for task in pool.tasks_at(pool.latest_iteration())}
+    return {"metrics": metrics, "versions": versions, "history": history,
+            "lineage": [(r["iteration"], r["candidate_id"], r["accepted"]) for r in read_jsonl(directory / "synthesis.jsonl")],
+            "rollouts": {path.name: [(r["id"], r["score"]) for r in read_jsonl(path)]
+                         for path in sorted(directory.glob("rollouts*.jsonl"))},
+            "samples": {path.name: read_jsonl(path) for path in sorted(directory.glob("samples*.jsonl"))},
+            "steps": [m["step"] for m in read_jsonl(directory / "steps.jsonl")]}

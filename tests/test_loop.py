@@ -13,7 +13,7 @@ import pytest
 
 from coevolve.loop import run
 from coevolve.pool import TaskPool
-from support import ls_tasks, write_tasks
+from support import ls_tasks, run_record, write_tasks
 
 REPO = Path(__file__).resolve().parent.parent
 FIELDS = {"iteration", "steps", "train_success", "heldout_success", "signals", "synthesis", "pool", "failures",
@@ -155,21 +155,7 @@ def test_sigkill_in_the_feedback_phase_then_resume_loses_and_doubles_nothing(tmp
                               "--resume"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
 
-    def comparable(directory: Path) -> dict:
-        metrics = [{k: v for k, v in m.items() if k not in ("seconds", "feedback_share")}
-                   for m in read_jsonl(directory / "metrics.jsonl")]
-        for m in metrics:
-            m.get("synthesis", {}).pop("seconds", None)
-        with TaskPool(directory / "pool.sqlite") as pool:
-            versions = {t: sorted(task.id for task in pool.tasks_at(t)) for t in pool.iterations()}
-            history = {task.id: pool.history(task.id) for task in pool.tasks_at(pool.latest_iteration())}
-        lineage = [(r["iteration"], r["candidate_id"], r["accepted"]) for r in read_jsonl(directory / "synthesis.jsonl")]
-        rollouts = [(r["id"], r["score"]) for r in read_jsonl(directory / "rollouts.jsonl")]
-        steps = [m["step"] for m in read_jsonl(directory / "steps.jsonl")]
-        return {"metrics": metrics, "versions": versions, "history": history, "lineage": lineage,
-                "rollouts": rollouts, "steps": steps}
-
-    got, want = comparable(killed), comparable(reference)
+    got, want = run_record(killed), run_record(reference)
     assert got["steps"] == want["steps"] == [1, 2, 3]
     assert got["metrics"] == want["metrics"]
     assert got["versions"] == want["versions"] and got["history"] == want["history"]

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from coevolve.jsonl import read_jsonl
-from coevolve.pool import TaskPool
-from support import ls_tasks, write_tasks
+from support import ls_tasks, run_record, write_tasks
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -77,36 +76,23 @@ def config(tmp_path) -> str:
     return str(path)
 
 
-def comparable(directory: Path) -> dict:
-    metrics = [{k: v for k, v in m.items() if k not in ("seconds", "feedback_share")}
-               for m in read_jsonl(directory / "metrics.jsonl")]
-    for m in metrics:
-        m.get("synthesis", {}).pop("seconds", None)
-    with TaskPool(directory / "pool.sqlite") as pool:
-        versions = {t: sorted(task.id for task in pool.tasks_at(t)) for t in pool.iterations()}
-    return {"metrics": metrics, "versions": versions,
-            "lineage": [(r["iteration"], r["candidate_id"], r["accepted"]) for r in read_jsonl(directory / "synthesis.jsonl")],
-            "rollouts": [[(r["id"], r["score"]) for r in read_jsonl(directory / name)]
-                         for name in ("rollouts.jsonl", "rollouts.p1.jsonl")],
-            "samples": [read_jsonl(directory / name) for name in ("samples.jsonl", "samples.p1.jsonl")],
-            "steps": [m["step"] for m in read_jsonl(directory / "steps.jsonl")]}
-
-
 def test_two_processes_run_coevolve_on_one_sample_and_resume_after_a_kill_exactly(tmp_path, ls_policy_dir, tasks_file,
                                                                                    config):
     options = settings(ls_policy_dir, tasks_file)
     reference = tmp_path / "reference"
     done = torchrun("train", "--config", config, "--output-dir", str(reference), *options)
     assert done.returncode == 0, done.stderr[-3000:]
-    want = comparable(reference)
+    want = run_record(reference)
     assert [m["iteration"] for m in want["metrics"]] == [0, 1, 2] and want["steps"] == [1, 2]
     assert all(m["heldout_success"] is not None for m in want["metrics"])  # split over both processes, gathered
     # Every process trained on the same sample of D_{t-1} at every iteration...
-    assert want["samples"][0] == want["samples"][1] and [s["iteration"] for s in want["samples"][0]] == [1, 2]
+    samples = list(want["samples"].values())
+    assert len(samples) == 2 and samples[0] == samples[1] and [s["iteration"] for s in samples[0]] == [1, 2]
     # ...each rolled out its share of every step, and the step's K rollouts of each task came from the sample.
-    assert all(want["rollouts"]) and len(want["rollouts"][0]) + len(want["rollouts"][1]) == 2 * 2 * 4
+    shares = list(want["rollouts"].values())
+    assert len(shares) == 2 and all(shares) and len(shares[0]) + len(shares[1]) == 2 * 2 * 4
     rows = read_jsonl(reference / "rollouts.jsonl") + read_jsonl(reference / "rollouts.p1.jsonl")
-    samples = {s["iteration"]: set(s["task_ids"]) for s in want["samples"][0]}
+    samples = {s["iteration"]: set(s["task_ids"]) for s in samples[0]}
     for step in (1, 2):
         counts = Counter(r["task_id"] for r in rows if r["step"] == step)
         assert set(counts) <= samples[step] and set(counts.values()) == {4}
@@ -125,7 +111,7 @@ def test_two_processes_run_coevolve_on_one_sample_and_resume_after_a_kill_exactl
     assert [m["iteration"] for m in read_jsonl(killed / "metrics.jsonl")] == [0, 1]
     resumed = torchrun("train", "--output-dir", str(killed), "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert comparable(killed) == want
+    assert run_record(killed) == want
 
 
 @pytest.mark.parametrize("mode", ["zero-shot", "static", "synthetic", "random"])
