@@ -17,7 +17,7 @@ Two abstractors:
   `{"tasks": [{"intent", "query", "solution": [call, ...]}]}`. Replies are checked against that schema
   (`parse_reply`); a malformed reply is sent back with the reason, at most `max_format_retries` times. Endpoint
   errors are retried with backoff by the backend; after that, or past the deadline, the episode is skipped with
-  its reason (`Abstraction.failure`) and the feedback phase goes on with less.
+  its reason (`Abstraction.failure`) and synthesis goes on with less.
 
 Nothing here executes anything: candidates go to validate.py.
 """
@@ -269,7 +269,7 @@ class LLMAbstractor:
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 for episode_id in pending:
-                    results[episode_id] = Abstraction(episode_id, (), "time_budget: the feedback phase ran out of "
+                    results[episode_id] = Abstraction(episode_id, (), "time_budget: synthesis ran out of "
                                                       "time", attempts.get(episode_id, 0))
                 pending = {}
                 break

@@ -150,7 +150,7 @@ class SignalConfig:
 
 @dataclass(frozen=True)
 class SignalReport:
-    """What one iteration's feedback phase found."""
+    """What one iteration's signals found."""
 
     iteration: int
     events: tuple[SignalEvent, ...]

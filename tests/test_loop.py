@@ -1,5 +1,5 @@
 """The CoEvolve loop: two iterations of every mode on a tiny model, the per-iteration metrics, cross-domain
-evaluation, and a SIGKILL in the middle of the feedback phase followed by --resume."""
+evaluation, and a SIGKILL in the middle of synthesis followed by --resume."""
 
 from __future__ import annotations
 
@@ -135,7 +135,7 @@ loop.run(None, sys.argv[2:], sys.argv[1], say=lambda text: None)
 """
 
 
-def test_sigkill_in_the_feedback_phase_then_resume_loses_and_doubles_nothing(tmp_path, ls_policy_dir, tasks_file):
+def test_sigkill_in_synthesis_then_resume_loses_and_doubles_nothing(tmp_path, ls_policy_dir, tasks_file):
     options = settings(ls_policy_dir, tasks_file, "coevolve", "run.max_steps=3")
     reference = tmp_path / "reference"
     run(None, options, str(reference), say=lambda text: None)
@@ -147,7 +147,7 @@ def test_sigkill_in_the_feedback_phase_then_resume_loses_and_doubles_nothing(tmp
     assert died.returncode == -9, died.stderr[-2000:]
     killed_in = int(died.stdout.split("killed in iteration")[1].split()[0])
     recorded = [m["iteration"] for m in read_jsonl(killed / "metrics.jsonl")]
-    assert recorded == list(range(killed_in))  # the iteration killed in its feedback phase never committed
+    assert recorded == list(range(killed_in))  # the iteration killed in its synthesis never committed
     with TaskPool(killed / "pool.sqlite") as pool:
         assert pool.tasks_at(killed_in, source="synthetic")  # its tasks were admitted before the kill
 

@@ -4,7 +4,7 @@ Two kinds of backend serve the rollout engine:
 - token backends (`TransformersBackend`, `VLLMBackend`) take prompts as token ids and return the sampled token
   ids with their logprobs: what GRPO training needs (exact tokens, per-token masks, sampling logprobs);
 - chat backends (`OpenAIBackend`) take message lists and return text (and native tool calls): what evaluation
-  and the explorer of the feedback phase need from hosted or `vllm serve` models. Their trajectories carry no
+  and the explorer of synthesis need from hosted or `vllm serve` models. Their trajectories carry no
   token record, so they cannot feed training.
 
 Logprobs: every token backend reports log p(token) under the model's distribution at the sampling temperature,

@@ -1,6 +1,6 @@
 """A small OpenAI-compatible chat server over a local model: `coevolve serve --model smollm2 --port 8000`.
 
-What it is for: an offline endpoint for the explorer/abstractor LLM of the feedback phase and for trying the
+What it is for: an offline endpoint for the explorer/abstractor LLM of synthesis and for trying the
 `openai` backend without a GPU; the tests use it to exercise the HTTP backend over real HTTP. For real serving
 on GPUs use `vllm serve`.
 
