@@ -86,10 +86,11 @@ def test_headless_chromium_renders_the_plots_and_the_table(run_dir, tmp_path):
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", f"--user-data-dir={tmp_path}"]
     dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", report.as_uri()], capture_output=True, text=True,
                          timeout=120).stdout
-    assert dom.count("<svg") == 4 and dom.count("<polyline") == 2  # train and held-out lines...
+    assert dom.count("<svg") == 5 and dom.count("<polyline") == 2  # train and held-out lines...
     assert dom.count("<circle") == 4  # ...through 2 points each: iteration 0 has no train, 1 no held-out value
-    # One bar per value > 0: signals 3 forgetting + 2 boundary, pool 3 seed + 2 synthetic, phases 3 + 3 + 2 + 3.
-    assert dom.count("<rect") == 5 + 5 + 11
+    # One bar per value > 0: signals 3 forgetting + 2 boundary, pool 3 seed + 2 synthetic, failures 2 (environment
+    # in iterations 1 and 2), phases 3 + 3 + 2 + 3.
+    assert dom.count("<rect") == 5 + 5 + 2 + 11
     assert dom.count("<tr class=") == 2 and "Synthesized tasks and their lineage" in dom
     # The filter works in the browser: click "accepted only", count the rows left visible.
     script = tmp_path / "click.html"
