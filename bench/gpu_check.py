@@ -122,7 +122,6 @@ def rollout_rates(model_dir: str, args: argparse.Namespace) -> dict:
     sync()
     seconds = time.perf_counter() - started
     generated = int((out[:, width:] != pad).sum())
-    del model, backend
     return {"ours_tokens_per_s": ours, "ours_seconds": batch.seconds, "ours_tokens": batch.generated_tokens,
             "generate_tokens_per_s": generated / seconds, "generate_seconds": seconds, "generate_tokens": generated,
             "episodes": len(batch.trajectories)}

@@ -246,6 +246,9 @@ def _train_parser(subparsers) -> None:
     parser.add_argument("--output-dir", help="run directory (default: run.output_dir of the config)")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in the output directory from its last checkpoint")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check the config (and, with --resume, that it may continue the run) and print it "
+                             "resolved; load nothing, write nothing")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value",
                         help="config overrides, e.g. grpo.learning_rate=2e-6 run.max_steps=40")
     parser.set_defaults(handler=run_train)
@@ -260,6 +263,14 @@ def run_train(args: argparse.Namespace) -> int:
     if not args.config and not args.resume:
         raise UsageError("--config FILE is required (e.g. configs/lite-static.yaml), unless --resume")
     try:
+        if args.dry_run:
+            import yaml
+
+            from coevolve.run_setup import resolve_config
+
+            config, _ = resolve_config(args.config, args.overrides, args.output_dir, args.resume)
+            print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
+            return 0
         run(args.config, args.overrides, args.output_dir, args.resume)
     except (ConfigError, ModelError, TrainingError) as error:
         raise UsageError(str(error)) from None

@@ -11,6 +11,8 @@ for its type, so a bad config fails before any model is loaded. Names follow wha
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import types
 import typing
 import warnings
@@ -277,31 +279,74 @@ class Config:
     synthesis: SynthesisSection = field(default_factory=SynthesisSection)
 
     def __post_init__(self) -> None:
-        _check(self.loop.steps_per_iteration >= 1 and self.loop.eval_every >= 0, "loop.steps_per_iteration/eval_every",
-               "steps_per_iteration >= 1, eval_every >= 0")
-        _check(self.grpo.passes_per_batch >= 1, "grpo.passes_per_batch", "must be >= 1")
+        for key, spec in RANGES.items():
+            section, name = key.split(".")
+            _check_range(key, getattr(getattr(self, section), name), spec)
         _check(self.loop.steps_per_iteration % self.grpo.passes_per_batch == 0, "loop.steps_per_iteration",
                "must be a multiple of grpo.passes_per_batch (each batch of tasks is trained on passes_per_batch times)")
-        _check(self.run.max_steps >= 1 and self.run.save_steps >= 1, "run.max_steps/save_steps", "must be >= 1")
-        _check(self.rollout.group_size >= 2, "rollout.group_size", "GRPO needs at least 2 rollouts per task")
-        _check(self.grpo.prompts_per_step >= 1, "grpo.prompts_per_step", "must be >= 1")
-        _check(0.0 <= self.grpo.partial_credit < 1.0, "grpo.partial_credit", "a number in [0, 1)")
-        _check(self.grpo.beta >= 0 and self.grpo.epsilon_low >= 0 and self.grpo.epsilon_high >= 0,
-               "grpo.beta/epsilon_*", "must be >= 0")
+        _check(bool(self.run.output_dir.strip()), "run.output_dir", "must name a folder")
+        _check(self.rollout.max_episode_tokens >= self.rollout.max_new_tokens, "rollout.max_episode_tokens",
+               f"must be at least rollout.max_new_tokens ({self.rollout.max_new_tokens}): one reply must fit")
         _check(self.model.reasoning != "strip", "model.reasoning", STRIP_REFUSED.split(": ", 1)[1])
         synthesis = self.synthesis
         for role in ("explorer", "abstractor"):
             _check(getattr(synthesis, role) != "llm" or synthesis.llm_base_url is not None, "synthesis.llm_base_url",
                    f"synthesis.{role}: llm needs an OpenAI-compatible endpoint (e.g. `coevolve serve` or `vllm "
                    "serve`); for the policy itself as explorer, set synthesis.explorer: policy")
-        _check(synthesis.step_budget >= 1 and synthesis.max_contexts >= 0, "synthesis.step_budget/max_contexts",
-               "step_budget >= 1, max_contexts >= 0")
         micro = self.grpo.micro_batch_size or self.rollout.group_size
         _check((self.grpo.prompts_per_step * self.rollout.group_size) % micro == 0, "grpo.micro_batch_size",
                "must divide prompts_per_step x group_size")
 
     def to_dict(self) -> dict[str, Any]:
         return _plain(dataclasses.asdict(self))
+
+
+RANGES = {
+    "run.max_steps": ">= 1", "run.save_steps": ">= 1", "run.save_total_limit": ">= 1", "run.seed": ">= 0",
+    "run.logging_steps": ">= 1",
+    "env.limit": ">= 1",
+    "model.demos": ">= 0",
+    "rollout.group_size": ">= 2", "rollout.max_new_tokens": ">= 1", "rollout.max_replies_per_turn": ">= 1",
+    "rollout.max_turns": ">= 1", "rollout.max_episode_tokens": ">= 1", "rollout.temperature": "> 0",
+    "rollout.top_p": "(0, 1]", "rollout.top_k": ">= 0", "rollout.max_consecutive_failures": ">= 0",
+    "grpo.prompts_per_step": ">= 1", "grpo.micro_batch_size": ">= 1", "grpo.learning_rate": "> 0",
+    "grpo.epsilon_low": "[0, 1)", "grpo.epsilon_high": ">= 0", "grpo.beta": ">= 0", "grpo.passes_per_batch": ">= 1",
+    "grpo.max_grad_norm": "> 0", "grpo.weight_decay": ">= 0", "grpo.warmup_steps": ">= 0",
+    "grpo.partial_credit": "[0, 1)",
+    "lora.r": ">= 1", "lora.alpha": "> 0", "lora.dropout": "[0, 1)",
+    "vllm.gpu_memory_utilization": "(0, 1]", "vllm.tensor_parallel_size": ">= 1", "vllm.max_model_length": ">= 1",
+    "loop.steps_per_iteration": ">= 1", "loop.eval_every": ">= 0", "loop.eval_limit": ">= 1",
+    "loop.synthetic_fraction": "[0, 1]", "loop.synthetic_contexts": ">= 0",
+    "signals.window": ">= 0", "signals.threshold": "[0, 1]", "signals.theta_percent": "[0, 100]",
+    "synthesis.step_budget": ">= 1", "synthesis.episodes_per_context": ">= 1", "synthesis.max_contexts": ">= 0",
+    "synthesis.time_budget_seconds": ">= 0", "synthesis.focus_weight": "[0, 1]", "synthesis.max_solution_calls": ">= 1",
+    "synthesis.dedup_threshold": "(0, 1]", "synthesis.max_call_chars": ">= 1", "synthesis.llm_timeout_seconds": "> 0",
+    "synthesis.llm_max_retries": ">= 0", "synthesis.llm_max_format_retries": ">= 0",
+}
+"""The range of every numeric config key (None, where a key allows it, is always in range); floats must also be
+finite. `tests/test_config.py` checks that no numeric key is missing here."""
+_RANGE = re.compile(r"^(?:(>=|>) (-?[\d.]+)|([\[(])(-?[\d.]+), (-?[\d.]+)([\])]))$")
+
+
+def _check_range(key: str, value: Any, spec: str) -> None:
+    if value is None:
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key}: {value!r} is not a finite number")
+    match = _RANGE.match(spec)
+    if match is None:
+        raise ValueError(f"bad range {spec!r} for {key}")  # a mistake in RANGES, not the user's
+    if match.group(1):
+        bound = float(match.group(2))
+        ok = value >= bound if match.group(1) == ">=" else value > bound
+        wanted = f"{match.group(1)} {match.group(2)}"
+    else:
+        low, high = float(match.group(4)), float(match.group(5))
+        ok = (value >= low if match.group(3) == "[" else value > low) and \
+             (value <= high if match.group(6) == "]" else value < high)
+        wanted = f"in {spec}"
+    if not ok:
+        raise ConfigError(f"{key}: {value!r} is out of range; it must be {wanted}")
 
 
 def _check(ok: bool, key: str, message: str) -> None:

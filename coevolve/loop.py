@@ -89,9 +89,9 @@ from coevolve.jsonl import JsonLines, atomic_write_text
 from coevolve.pool import BatchMix, TaskPool
 from coevolve.records import SIGNAL_KINDS, ExplorationContext, Task, Trajectory
 from coevolve.report import write_report
-from coevolve.run_setup import (METRICS, build_env, build_eval, build_renderer, check_processes, first_heldout, process_state,
-                                last_heldout, load_tasks, open_pool, policy_backend, prepare_run, summary_of,
-                                summary_table)
+from coevolve.run_setup import (CHECKPOINT_CONFIG, METRICS, build_env, build_eval, build_renderer, check_processes,
+                                first_heldout, last_heldout, load_tasks, open_pool, policy_backend, prepare_run,
+                                process_state, summary_of, summary_table)
 from coevolve.signals import SignalReport, extract_signals
 from coevolve.synthesis import (Deadline, Stage, SynthesisResult, abstract, build_abstractor, build_explorer, explore,
                                 signal_contexts, synthesis_result, validate)
@@ -463,7 +463,24 @@ def build_trainer(run: Run, tokenizer: Any) -> None:
                                on_step=on_step, reward=config.grpo.reward, partial_credit=config.grpo.partial_credit,
                                max_consecutive_failures=config.rollout.max_consecutive_failures)
     run.trainer = trl_trainer(config, run.directory, resolve_model(config.model.name), tokenizer, run.rollouts, [],
-                              callbacks=[metrics_callback(run.steps_log, pending)], dataset=slot_dataset(run.slots))
+                              callbacks=[metrics_callback(run.steps_log, pending), config_callback(config)],
+                              dataset=slot_dataset(run.slots))
+
+
+def config_callback(config: Config) -> Any:
+    """A `TrainerCallback` that saves the run's config into every checkpoint (what `--resume` compares against)."""
+    from transformers import TrainerCallback
+
+    from coevolve.config import write_config
+
+    class _SaveConfig(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            if state.is_world_process_zero:
+                folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+                write_config(config, folder / CHECKPOINT_CONFIG)
+            return control
+
+    return _SaveConfig()
 
 
 def synthesize_before_training(run: Run) -> None:

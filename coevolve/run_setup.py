@@ -5,6 +5,8 @@ D_0, the policy's prompt, the pool, the held-out set, and the closing summary. P
 from __future__ import annotations
 
 import inspect
+import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -16,28 +18,85 @@ from coevolve.pool import TaskPool, pool_path
 from coevolve.records import Task
 
 METRICS = "metrics.jsonl"
+CHECKPOINT_CONFIG = "coevolve-config.yaml"
+"""The run's resolved config, saved into every checkpoint: what its weights were trained with."""
 
 
-def prepare_run(config_path: str | None, overrides: Sequence[str], output_dir: str | None,
-                resume: bool) -> tuple[Config, Path]:
-    """Resolve the config and the run directory. With `--resume` the directory's own config.yaml is the base
-    (command-line overrides still apply, e.g. a larger run.max_steps to extend a finished run)."""
+FIXED_ON_RESUME = (
+    "run.mode", "run.seed", "env.name", "env.split", "env.category", "env.limit", "env.tasks_file", "env.options",
+    "model.name", "model.dtype", "model.reply_format", "model.demos", "model.demo_choice", "model.chat_template",
+    "model.tool_style", "model.reasoning", "rollout.group_size", "rollout.max_new_tokens",
+    "rollout.max_replies_per_turn", "rollout.max_turns", "rollout.max_episode_tokens", "rollout.temperature",
+    "rollout.top_p", "rollout.top_k", "grpo.prompts_per_step", "grpo.micro_batch_size", "grpo.learning_rate",
+    "grpo.epsilon_low", "grpo.epsilon_high", "grpo.beta", "grpo.kl_importance_correction", "grpo.ref_model",
+    "grpo.loss_normalisation", "grpo.scale_rewards", "grpo.passes_per_batch", "grpo.max_grad_norm",
+    "grpo.weight_decay", "grpo.warmup_steps", "grpo.lr_scheduler", "grpo.bf16", "grpo.mask_truncated",
+    "grpo.reward", "grpo.partial_credit", "lora", "loop.steps_per_iteration", "loop.synthetic_fraction", "signals",
+    "synthesis.explorer", "synthesis.abstractor", "synthesis.step_budget", "synthesis.episodes_per_context",
+    "synthesis.max_contexts", "synthesis.focus_weight", "synthesis.max_solution_calls", "synthesis.dedup_threshold",
+    "synthesis.check_execution", "synthesis.max_call_chars",
+)
+"""What gives a step, a sample or a synthesized task its meaning: a resumed run must keep them (README lists what
+may change: run.max_steps, save and logging settings, held-out evaluation, time budgets, endpoints, vLLM)."""
+
+
+def resolve_config(config_path: str | None, overrides: Sequence[str], output_dir: str | None,
+                   resume: bool) -> tuple[Config, Path]:
+    """The run's config and directory, checked, with nothing written. With `--resume` the directory's own
+    config.yaml is the base and overrides may change only what does not change the meaning of the steps trained
+    (FIXED_ON_RESUME); a new run refuses a directory that holds one, or that cannot be a directory."""
     if resume:
         directory = Path(output_dir) if output_dir else Path(load_config(config_path, overrides).run.output_dir)
-        saved = directory / "config.yaml"
-        if not saved.exists():
+        saved_path = directory / "config.yaml"
+        if not saved_path.exists():
             raise ConfigError(f"--resume: {directory} has no config.yaml; start the run without --resume")
-        config = load_config(saved, overrides)
+        config = load_config(saved_path, overrides)
+        # What the steps were trained with: the config saved beside the last checkpoint (an edited config.yaml
+        # does not change it), else the run's config.yaml as it was written.
+        trained = sorted(directory.glob(f"checkpoints/checkpoint-*/{CHECKPOINT_CONFIG}"),
+                         key=lambda path: int(path.parent.name.rsplit("-", 1)[-1]))
+        saved = load_config(trained[-1] if trained else saved_path)
+        for key in FIXED_ON_RESUME:
+            before, after = _lookup(saved, key), _lookup(config, key)
+            if before != after:
+                raise ConfigError(f"--resume: {key} is {after!r} here but {directory} was trained with {before!r}; "
+                                  "keep it, or start a new run in another --output-dir")
     else:
         config = load_config(config_path, overrides)
         directory = Path(output_dir or config.run.output_dir)
         if (directory / "checkpoints").exists() or (directory / METRICS).exists():
             raise ConfigError(f"{directory} already holds a run; continue it with --resume, or pick another "
                               "--output-dir")
+    _check_writable(directory)
+    return replace(config, run=replace(config.run, output_dir=str(directory))), directory
+
+
+def prepare_run(config_path: str | None, overrides: Sequence[str], output_dir: str | None,
+                resume: bool) -> tuple[Config, Path]:
+    """`resolve_config`, then the run directory made and the resolved config written into it (main process)."""
+    config, directory = resolve_config(config_path, overrides, output_dir, resume)
     directory.mkdir(parents=True, exist_ok=True)
     if process_state(config).is_main_process:
         write_config(config, directory / "config.yaml")
     return config, directory
+
+
+def _lookup(config: Config, key: str) -> Any:
+    value: Any = config
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _check_writable(directory: Path) -> None:
+    """A run directory that cannot be one, said before anything runs: a file, a folder under a file, no write."""
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"--output-dir {directory} is a file; name a folder")
+    existing = next((parent for parent in [directory, *directory.parents] if parent.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ConfigError(f"--output-dir {directory} is under {existing}, which is a file; name a folder")
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"--output-dir {directory}: {existing} is not writable; name a folder you can write")
 
 
 def process_state(config: Config) -> Any:
