@@ -31,6 +31,8 @@ REPLY_FORMATS = typing.get_args(typing.get_type_hints(ModelSection)["reply_forma
 TOOL_STYLES = typing.get_args(typing.get_type_hints(ModelSection)["tool_style"])
 
 EXIT_USAGE = 2
+EXIT_FAILED = 1
+"""A command that ran but could not produce what was asked (every evaluation request failed)."""
 
 
 class UsageError(Exception):
@@ -100,6 +102,9 @@ def run_eval(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from None
     if args.policy.startswith("model:"):
         return _eval_model(args, env, options)
+    if args.samples != 1:
+        raise UsageError("--samples is for model policies: oracle and replay policies play each task once, the same "
+                         "way every time")
     tasks = env.tasks()[: args.limit]
     if args.policy == "oracle":
         script_for = oracle_script
@@ -116,12 +121,16 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _show(report, env, as_json: bool) -> None:
-    """The report, with the env's own metrics when it has some (AppWorld: TGC and SGC)."""
+def _show(report, env, as_json: bool, outside: int = 0, cause: str | None = None) -> None:
+    """The report, with the env's own metrics when it has some (AppWorld: TGC and SGC), and how many episodes
+    failed outside the model (their 0 is not the model's score)."""
     extra = env.metrics(report.per_task()) if hasattr(env, "metrics") else {}
     if as_json:
-        print(json.dumps({**report.to_dict(), **extra}))
+        print(json.dumps({**report.to_dict(), **extra, "failed_outside_model": outside}))
         return
+    if outside:
+        print(f"warning: {outside} of {report.n} episodes failed outside the model (e.g. {cause}); they score 0 "
+              "here", file=sys.stderr)
     _print_report(report)
     if extra:
         print("  ".join(f"{key} {value:.4f}" if isinstance(value, float) else f"{key} {value}"
@@ -132,7 +141,7 @@ def _eval_model(args: argparse.Namespace, env, options: dict) -> int:
     from coevolve.evaluate import evaluate_model
     from coevolve.policy.backends import BackendUnavailable, SamplingConfig, make_backend
     from coevolve.policy.chat import ChatRenderer, build_demonstrations
-    from coevolve.policy.models import ModelError
+    from coevolve.policy.models import ModelError, check_device
     from coevolve.rollout import RolloutConfig
 
     spec = args.policy.removeprefix("model:")
@@ -140,6 +149,12 @@ def _eval_model(args: argparse.Namespace, env, options: dict) -> int:
         raise UsageError("model: needs a model id or path, e.g. model:smollm2")
     if args.samples < 1 or args.demos < 0 or args.max_new_tokens < 1 or args.temperature < 0:
         raise UsageError("--samples and --max-new-tokens must be >= 1, --demos and --temperature >= 0")
+    if args.max_replies_per_turn < 1:
+        raise UsageError("--max-replies-per-turn must be >= 1 (a turn needs one reply at least)")
+    try:
+        check_device(args.device)
+    except ModelError as error:
+        raise UsageError(f"--device: {error}") from None
     if args.backend == "openai" and not args.base_url:
         raise UsageError("--backend openai needs --base-url (or use a hosted endpoint's URL)")
     tasks, demo_env, demo_tasks = evaluation_tasks(env, args.env, args.scope, args.limit, args.demos)
@@ -155,9 +170,15 @@ def _eval_model(args: argparse.Namespace, env, options: dict) -> int:
                            max_replies_per_turn=args.max_replies_per_turn, max_turns=ROLLOUT.max_turns,
                            max_episode_tokens=ROLLOUT.max_episode_tokens,
                            sampling=SamplingConfig(temperature=args.temperature, seed=args.seed))
-    report, _ = _with_progress(lambda progress: evaluate_model(
+    report, batch = _with_progress(lambda progress: evaluate_model(
         env, tasks, backend, renderer, config, args.policy, getattr(env, "category", ""), progress), quiet=args.json)
-    _show(report, env, args.json)
+    failed = [t.failure for t in batch.trajectories if t.failure]
+    if failed and len(failed) == len(batch.trajectories):
+        # Nothing was evaluated: a 0.0 here would read as the model's score.
+        print(f"coevolve eval: error: every episode ({len(failed)}) failed outside the model, e.g. {failed[0]}; "
+              "no result", file=sys.stderr)
+        return EXIT_FAILED
+    _show(report, env, args.json, outside=len(failed), cause=failed[0] if failed else None)
     return 0
 
 
@@ -290,10 +311,23 @@ def _serve_parser(subparsers) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     import time
 
+    import socket
+
     from coevolve.policy.backends import make_backend
-    from coevolve.policy.models import ModelError
+    from coevolve.policy.models import ModelError, check_device
     from coevolve.policy.serve import ChatServer
 
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port {args.port} is not a port (1-65535)")
+    try:
+        check_device(args.device)
+    except ModelError as error:
+        raise UsageError(f"--device: {error}") from None
+    try:  # the address is checked before the model loads, not after
+        with socket.create_server((args.host, args.port)):
+            pass
+    except OSError as error:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {error.strerror or error}") from None
     try:
         backend = make_backend("transformers", args.model, device=args.device, dtype=args.dtype)
     except ModelError as error:

@@ -23,6 +23,7 @@ from typing import Any, Literal, Mapping, Sequence
 from coevolve.explore import ExploreConfig
 from coevolve.jsonl import atomic_write_text
 from coevolve.policy.chat import STRIP_REFUSED, DemoChoice
+from coevolve.policy.models import DEVICE
 from coevolve.pool import BatchMix
 from coevolve.rollout import RolloutConfig
 from coevolve.signals import SignalConfig
@@ -285,6 +286,8 @@ class Config:
         _check(self.loop.steps_per_iteration % self.grpo.passes_per_batch == 0, "loop.steps_per_iteration",
                "must be a multiple of grpo.passes_per_batch (each batch of tasks is trained on passes_per_batch times)")
         _check(bool(self.run.output_dir.strip()), "run.output_dir", "must name a folder")
+        _check(bool(DEVICE.match(self.model.device)), "model.device",
+               f"{self.model.device!r} is not one of auto, cpu, cuda, cuda:N, mps")
         _check(self.rollout.max_episode_tokens >= self.rollout.max_new_tokens, "rollout.max_episode_tokens",
                f"must be at least rollout.max_new_tokens ({self.rollout.max_new_tokens}): one reply must fit")
         _check(self.model.reasoning != "strip", "model.reasoning", STRIP_REFUSED.split(": ", 1)[1])

@@ -142,7 +142,11 @@ def _check_call_shape(call: Any, where: str) -> None:
 
 def load_replay(path: str | Path, known_names: set[str] | None = None) -> dict[str, Script]:
     """Read a replay file into name -> script. Raises ReplayError with a one-line message on any defect."""
+    if not str(path).strip():
+        raise ReplayError("replay: needs a file, e.g. --policy replay:outputs.jsonl")
     path = Path(path)
+    if path.is_dir():
+        raise ReplayError(f"replay file {str(path)!r} is a folder; name the JSON-lines file of outputs in it")
     if not path.is_file():
         raise ReplayError(f"replay file {str(path)!r} does not exist")
     scripts: dict[str, Script] = {}

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import html
 import json
+import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from coevolve.jsonl import atomic_write_text, read_jsonl
+from coevolve.jsonl import atomic_write_text
 
 COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")
 WIDTH, HEIGHT, PAD = 560, 240, 40
@@ -118,15 +119,87 @@ figcaption { font-weight: bold; font-size: 13px; }
 table { border-collapse: collapse; font-size: 12px; margin-top: 8px; }
 td, th { border: 1px solid #ccc; padding: 3px 6px; vertical-align: top; white-space: pre-wrap; max-width: 360px; }
 tr.rejected td { color: #777; }
+p.warning { color: #a33; }
 pre { background: #f6f6f6; padding: 8px; font-size: 12px; max-height: 320px; overflow: auto; }
 """
 
 
-def render(directory: str | Path) -> str:
+NUMBER = (int, float)
+METRIC_FIELDS: dict[str, tuple[type, ...]] = {
+    "train_success": (*NUMBER, type(None)), "heldout_success": (*NUMBER, type(None)), "feedback_share": NUMBER,
+    "signals": (dict,), "pool": (dict,), "failures": (dict,), "seconds": (dict,), "synthesis": (dict,)}
+"""What the plots read from a metrics line; a field of another type is left out with a warning."""
+LIST_FIELDS = ("trajectory_ids", "solution", "reasons")
+
+
+def _records(path: Path, warnings: list[str]) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each line of a JSON-lines file; every other line is a warning, not a traceback."""
+    if not path.exists():
+        return []
+    rows = []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError:
+            value = None
+        if isinstance(value, dict):
+            rows.append((number, value))
+        else:
+            warnings.append(f"{path.name}:{number}: not a JSON object; left out")
+    return rows
+
+
+def checked_metrics(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
+    metrics = []
+    for number, row in _records(path, warnings):
+        if not isinstance(row.get("iteration"), int) or isinstance(row.get("iteration"), bool):
+            warnings.append(f"{path.name}:{number}: no integer iteration; line left out")
+            continue
+        for field, kinds in METRIC_FIELDS.items():
+            value = row.get(field)
+            if field in row and (not isinstance(value, kinds) or isinstance(value, bool)):
+                warnings.append(f"{path.name}:{number}: {field} is {type(value).__name__}, not "
+                                f"{'/'.join(kind.__name__ for kind in kinds)}; left out")
+                del row[field]
+            elif isinstance(value, dict) and field != "synthesis":
+                bad = [key for key, item in value.items() if not isinstance(item, NUMBER) or isinstance(item, bool)]
+                if bad:
+                    warnings.append(f"{path.name}:{number}: {field} has values that are not numbers ({bad[0]}); "
+                                    "left out")
+                    row[field] = {key: item for key, item in value.items() if key not in bad}
+        metrics.append(row)
+    return metrics
+
+
+def checked_lineage(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    for number, row in _records(path, warnings):
+        for field in LIST_FIELDS:
+            if field in row and not isinstance(row[field], list):
+                warnings.append(f"{path.name}:{number}: {field} is {type(row[field]).__name__}, not a list")
+                row[field] = [row[field]]
+            if field in row:
+                row[field] = [str(item) for item in row[field]]
+        rows.append(row)
+    return rows
+
+
+def render(directory: str | Path, warnings: list[str] | None = None) -> str:
+    """The page; what could not be read is listed at its top (and collected in `warnings`)."""
     directory = Path(directory)
-    metrics = read_jsonl(directory / "metrics.jsonl")
-    lineage = read_jsonl(directory / "synthesis.jsonl")
-    summary = json.loads((directory / "summary.json").read_text()) if (directory / "summary.json").exists() else {}
+    warnings = [] if warnings is None else warnings
+    metrics = checked_metrics(directory / "metrics.jsonl", warnings)
+    lineage = checked_lineage(directory / "synthesis.jsonl", warnings)
+    try:
+        summary = json.loads((directory / "summary.json").read_text()) if (directory / "summary.json").exists() else {}
+    except ValueError:
+        summary = {}
+        warnings.append("summary.json: not JSON; left out")
+    if not isinstance(summary, dict):
+        summary = {}
+        warnings.append("summary.json: not a JSON object; left out")
     config = (directory / "config.yaml").read_text() if (directory / "config.yaml").exists() else ""
     labels = [m["iteration"] for m in metrics]
     kinds = ("forgetting", "boundary", "rare")
@@ -143,12 +216,13 @@ def render(directory: str | Path) -> str:
         stacked_bars("Wall seconds by phase", labels, {
             phase: [m.get("seconds", {}).get(phase, 0.0) for m in metrics] for phase in phases}),
     ]
-    shares = ", ".join(f"{m['iteration']}: {m.get('feedback_share', 0):.1%}" for m in metrics[1:])
+    shares = ", ".join(f"{m['iteration']}: {m.get('feedback_share', 0):.1%}" for m in metrics if m["iteration"])
     facts = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(json.dumps(v))}</td></tr>"
                     for k, v in summary.items())
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>coevolve run {html.escape(directory.name)}"
             f"</title><style>{_STYLE}</style></head><body>"
             f"<h1>coevolve run <code>{html.escape(str(directory))}</code></h1>"
+            f"{''.join(f'<p class=warning>warning: {html.escape(w)}</p>' for w in warnings)}"
             f"<table class='summary'>{facts}</table>"
             f"<h2>Iterations</h2><div class='plots'>{''.join(plots)}</div>"
             f"<p>Feedback share of wall time per iteration: {html.escape(shares) or '-'}</p>"
@@ -163,5 +237,8 @@ def write_report(directory: str | Path) -> Path:
     if not (directory / "metrics.jsonl").exists():
         raise FileNotFoundError(f"{directory} has no metrics.jsonl: not a coevolve run directory")
     target = directory / "report.html"
-    atomic_write_text(target, render(directory))
+    warnings: list[str] = []
+    atomic_write_text(target, render(directory, warnings))
+    for warning in warnings:
+        print(f"coevolve report: warning: {warning}", file=sys.stderr)
     return target

@@ -115,3 +115,75 @@ def test_an_output_dir_that_cannot_be_a_folder_is_one_line(make, tmp_path, capsy
     target = blocker if make == "file" else blocker / "run"
     code, _, err = dry_run(capsys, "--config", QUICKSTART, "--output-dir", str(target))
     assert code == 2 and "name a folder" in err and len(err.splitlines()) == 1, err
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err.strip()
+
+
+def test_a_dead_endpoint_is_no_result_not_a_score_of_zero(capsys):
+    code, out, err = cli(capsys, "eval", "--env", "bfcl-lite", "--split", "test", "--policy", "model:smollm2",
+                         "--backend", "openai", "--base-url", "http://127.0.0.1:9/v1", "--limit", "2", "--json")
+    assert code == 1 and out == "" and len(err.splitlines()) == 1, err
+    assert "every episode (2) failed outside the model" in err and "APIConnectionError" in err and "no result" in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--policy", "oracle", "--samples", "3"], "--samples is for model policies"),
+    (["--policy", "model:smollm2", "--device", "nosuch"], "--device: device 'nosuch' is not one of"),
+    (["--policy", "model:smollm2", "--max-replies-per-turn", "0"], "--max-replies-per-turn must be >= 1"),
+    (["--policy", "model:/nonexistent/model"], "model '/nonexistent/model': no such folder"),
+    (["--policy", "replay:"], "replay: needs a file"),
+    (["--policy", f"replay:{REPO}"], "is a folder; name the JSON-lines file"),
+])
+def test_plain_mistakes_in_eval_are_one_line_and_exit_2(args, message, capsys):
+    code, _, err = cli(capsys, "eval", "--env", "bfcl-lite", "--split", "test", "--limit", "1", *args)
+    assert code == 2 and message in err and len(err.splitlines()) == 1, err
+
+
+def test_an_empty_model_folder_says_it_holds_no_model(tmp_path, capsys):
+    code, _, err = cli(capsys, "eval", "--env", "bfcl-lite", "--limit", "1", "--policy", f"model:{tmp_path}")
+    assert code == 2 and "has no config.json, so it holds no saved model" in err and len(err.splitlines()) == 1
+
+
+def test_serve_refuses_a_bad_port_or_one_in_use_before_loading_the_model(capsys):
+    import socket
+
+    code, _, err = cli(capsys, "serve", "--port", "99999")
+    assert code == 2 and "--port 99999 is not a port" in err
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = str(taken.getsockname()[1])
+        code, _, err = cli(capsys, "serve", "--port", port)
+    assert code == 2 and f"cannot listen on 127.0.0.1:{port}" in err and len(err.splitlines()) == 1
+    code, _, err = cli(capsys, "serve", "--device", "nosuch", "--port", "8123")
+    assert code == 2 and "--device" in err
+
+
+BAD_METRICS = [
+    '{"iteration": "one", "train_success": 0.5}',                    # no integer iteration: the line goes
+    '{"iteration": 1, "train_success": "high"}',                     # a wrong-typed field: the field goes
+    '{"iteration": 2, "signals": [1, 2]}',
+    '{"iteration": 3, "pool": {"seed": "ten"}}',
+    '{"iteration": 4, "seconds": null, "feedback_share": "x"}',
+    '{"iteration": 5, "failures": 7}',
+    '{"iteration": 6, "heldout_success": true}',
+    '{"iteration": 7, "train_sucThis line was torn in the middle',  # a torn line in the middle
+    '[1, 2, 3]',
+    '{"iteration": 8, "train_success": 0.25, "heldout_success": 0.5, "signals": {"boundary": 2}}',
+]
+
+
+def test_the_report_reads_bad_lines_defensively_and_names_them(tmp_path, capsys):
+    from coevolve.report import write_report
+
+    (tmp_path / "metrics.jsonl").write_text("\n".join(BAD_METRICS) + "\n")
+    (tmp_path / "synthesis.jsonl").write_text('{"iteration": 1, "solution": "ls()", "reasons": 5}\nnot json\n')
+    page = write_report(tmp_path).read_text()
+    err = capsys.readouterr().err
+    for line in (1, 2, 3, 4, 5, 6, 7, 8, 9):
+        assert f"metrics.jsonl:{line}:" in err, line
+    assert "synthesis.jsonl:2: not a JSON object" in err and "synthesis.jsonl:1: solution is str" in err
+    assert page.count("class=warning") >= 10 and "metrics.jsonl:8: not a JSON object" in page
+    assert "ls()" in page  # the rest renders: the lineage row, and iteration 8's values in the plots

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -99,9 +100,21 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
 
 
 def resolve_model(spec: str) -> str:
-    """`smollm2` -> the converted local folder; a folder -> itself; anything else is passed on as a Hub id."""
+    """`smollm2` -> the converted local folder; a folder -> itself; anything else is passed on as a Hub id. A spec
+    that is written as a path (absolute, `./`, `../`, `~`) must be a folder holding a saved model: said plainly
+    here, rather than in the Hub's rules for repository ids."""
     if spec == SHIPPED_MODEL:
         return str(shipped_model_dir())
+    path = Path(spec).expanduser()
+    looks_like_path = spec.startswith(("/", "./", "../", "~")) or (os.sep in spec.rstrip(os.sep) and path.exists())
+    if looks_like_path or path.is_dir():
+        if not path.exists():
+            raise ModelError(f"model {spec!r}: no such folder")
+        if not path.is_dir():
+            raise ModelError(f"model {spec!r} is a file; name the folder save_pretrained wrote")
+        if not (path / "config.json").exists():
+            raise ModelError(f"model {spec!r}: the folder has no config.json, so it holds no saved model (save one "
+                             "with save_pretrained, or name a Hub id)")
     return spec
 
 
@@ -116,9 +129,20 @@ def torch_dtype(name: str, device: str) -> Any:
     return getattr(torch, name)
 
 
+DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+def check_device(device: str) -> str:
+    """`auto`, `cpu`, `cuda`, `cuda:N` or `mps`, else a ModelError naming the choices (before anything loads)."""
+    if not DEVICE.match(device):
+        raise ModelError(f"device {device!r} is not one of auto, cpu, cuda, cuda:N, mps")
+    return device
+
+
 def pick_device(device: str = "auto") -> str:
     import torch
 
+    check_device(device)
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
