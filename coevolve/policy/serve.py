@@ -13,6 +13,14 @@ blocks in the reply come back as `tool_calls`.
 
 `before_request(path, body)` may return `(status, payload)` to answer a request itself: a hook for access control,
 quotas, or fault injection in tests.
+
+Bounds (a client cannot make it use unbounded memory or time): a body over `MAX_BODY_BYTES` is refused (413)
+before it is read; a prompt longer than the model's context is refused (400), by its length in characters before
+tokenising when it cannot fit at `MAX_CHARS_PER_TOKEN`, else by its token count; `max_tokens` is clamped to what the
+context leaves; each request has a deadline (`request_timeout_seconds`, 504 past it; a request still queued then is
+dropped, one already generating finishes in its batch). Every malformed request gets a 4xx JSON error: a bad
+`Content-Length`, a message without `role`, a bad `seed`/`max_tokens`/`temperature`, `stream: true` (not
+supported: refused rather than ignored), a model name it does not serve (404, as OpenAI's API answers).
 """
 
 from __future__ import annotations
@@ -31,7 +39,10 @@ from coevolve.policy.chat import HERMES_SYSTEM, ChatRenderer, format_calls
 from coevolve.policy.replies import split_reply
 from coevolve.records import ToolCall
 
-MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_BODY_BYTES = 2 * 1024 * 1024
+MAX_CHARS_PER_TOKEN = 32
+"""No token of a byte-level BPE vocabulary spans more characters than this, so a prompt of more than
+context x 32 characters cannot fit whatever it says: refused without tokenising it."""
 
 
 @dataclass
@@ -41,14 +52,19 @@ class _Pending:
     done: threading.Event = field(default_factory=threading.Event)
     result: Generation | None = None
     error: str | None = None
+    cancelled: bool = False
 
 
 class ChatServer:
     def __init__(self, backend: Any, model_name: str = "local", host: str = "127.0.0.1", port: int = 0,
                  max_batch: int = 32, batch_window_seconds: float = 0.02,
-                 before_request: Callable[[str, dict], tuple[int, dict] | None] | None = None) -> None:
+                 before_request: Callable[[str, dict], tuple[int, dict] | None] | None = None,
+                 request_timeout_seconds: float = 300.0) -> None:
         self.backend = backend
         self.model_name = model_name
+        self.request_timeout_seconds = request_timeout_seconds
+        config = getattr(getattr(backend, "model", None), "config", None)
+        self.context_tokens = int(getattr(config, "max_position_embeddings", 0) or 32768)
         self.renderer = ChatRenderer(backend.tokenizer, "hermes")
         self.stop_token_ids = self.renderer.stop_token_ids()
         self.max_batch = max_batch
@@ -100,6 +116,9 @@ class ChatServer:
                 batch.append(item)
             by_sampling: dict[SamplingConfig, list[_Pending]] = {}
             for item in batch:
+                if item.cancelled:  # its client's deadline passed while it waited: nobody reads the answer
+                    item.done.set()
+                    continue
                 by_sampling.setdefault(item.sampling, []).append(item)
             for sampling, items in by_sampling.items():
                 try:
@@ -136,23 +155,35 @@ class ChatServer:
         return out, None
 
     def complete(self, body: dict) -> tuple[int, dict]:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            return 400, _error("'messages' must be a non-empty list")
-        tools = body.get("tools") or []
+        problem = _check_body(body, self.model_name)
+        if problem is not None:
+            return problem
+        messages, tools = body["messages"], body.get("tools") or []
         try:
             rendered, template_tools = self.template_messages(messages, tools)
             prompt = self.renderer.tokenizer.apply_chat_template(rendered, tools=template_tools, tokenize=False,
                                                                  add_generation_prompt=True)
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            return 400, _error(f"bad request: {error}")
+        if len(prompt) > self.context_tokens * MAX_CHARS_PER_TOKEN:
+            return 400, _error(f"the prompt ({len(prompt)} characters) cannot fit the model's context of "
+                               f"{self.context_tokens} tokens")
+        prompt_ids = self.renderer.encode(prompt)
+        room = self.context_tokens - len(prompt_ids)
+        if room < 1:
+            return 400, _error(f"the prompt is {len(prompt_ids)} tokens; the model's context is {self.context_tokens}")
+        try:
             sampling = SamplingConfig(temperature=float(body.get("temperature", 1.0)),
                                       top_p=float(body.get("top_p", 1.0)),
-                                      max_new_tokens=int(body.get("max_tokens") or 256),
+                                      max_new_tokens=min(int(body.get("max_tokens") or 256), room),
                                       seed=body.get("seed"))
-        except (KeyError, TypeError, ValueError) as error:
+        except (TypeError, ValueError) as error:
             return 400, _error(f"bad request: {error}")
-        pending = _Pending(self.renderer.encode(prompt), sampling)
+        pending = _Pending(prompt_ids, sampling)
         self._queue.put(pending)
-        pending.done.wait()
+        if not pending.done.wait(self.request_timeout_seconds):
+            pending.cancelled = True
+            return 504, _error(f"no answer within {self.request_timeout_seconds:.0f} s")
         if pending.error is not None or pending.result is None:
             return 500, _error(pending.error or "generation failed")
         return 200, self._response(pending.result, bool(tools))
@@ -192,6 +223,33 @@ def _error(message: str) -> dict:
     return {"error": {"message": message, "type": "invalid_request_error"}}
 
 
+def _check_body(body: dict, model_name: str) -> tuple[int, dict] | None:
+    """What an OpenAI-compatible server refuses before any work: a 4xx with the reason, or None."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return 400, _error("'messages' must be a non-empty list")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            return 400, _error(f"messages[{index}] needs a 'role'")
+        if message.get("content") is not None and not isinstance(message["content"], str):
+            return 400, _error(f"messages[{index}].content must be a string")
+    if body.get("stream"):
+        return 400, _error("stream: true is not supported by this server; send stream: false")
+    model = body.get("model")
+    if model is not None and model != model_name:
+        return 404, {"error": {"message": f"model {model!r} does not exist here; this server serves {model_name!r}",
+                               "type": "invalid_request_error", "code": "model_not_found"}}
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+        return 400, _error("'seed' must be a non-negative integer")
+    max_tokens = body.get("max_tokens")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+        return 400, _error("'max_tokens' must be an integer >= 1")
+    if not isinstance(body.get("tools") or [], list):
+        return 400, _error("'tools' must be a list")
+    return None
+
+
 def _handler_for(server: ChatServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -214,9 +272,15 @@ def _handler_for(server: ChatServer) -> type[BaseHTTPRequestHandler]:
                 self._send(404, _error(f"no route {self.path}"))
 
         def do_POST(self) -> None:  # noqa: N802
-            length = int(self.headers.get("Content-Length") or 0)
+            header = self.headers.get("Content-Length")
+            if header is None or not header.strip().isdigit():
+                self.close_connection = True  # the body's end is unknown: nothing more can be read on this connection
+                self._send(400 if header is not None else 411, _error("a Content-Length of 0 or more bytes is needed"))
+                return
+            length = int(header)
             if length > MAX_BODY_BYTES:
-                self._send(413, _error("request body too large"))
+                self.close_connection = True
+                self._send(413, _error(f"request body over {MAX_BODY_BYTES} bytes"))
                 return
             try:
                 body = json.loads(self.rfile.read(length) or b"{}")
