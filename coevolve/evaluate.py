@@ -91,13 +91,19 @@ def run_script(env: Env, task: Task, script: Script) -> Score:
         reason = f"the script has {len(script)} turns; the task has {task.num_turns} (force_terminated)"
         return Score(0.0, (Check(0, "force_terminated", False, reason),))
     episode = env.reset(task)
-    for replies in script:
+    refused: list[Check] = []
+    for turn, replies in enumerate(script):
         for calls in replies:
-            episode.act(calls)
+            for step in episode.act(calls):
+                if step.call is None and step.error:  # refused before it ran: say why, first
+                    refused.append(Check(turn, "call", False, f"call {step.action[:80]!r} refused: {step.error}"))
             if episode.done:
                 break
         episode.end_turn()
-    return episode.score()
+    score = episode.score()
+    if not refused or score.success:
+        return score
+    return Score(score.value, (*refused, *score.checks))
 
 
 def evaluate(env: Env, tasks: Sequence[Task], script_for: Callable[[Task], Script | None], policy: str,

@@ -102,7 +102,7 @@ def test_model_policy_runs_offline_with_the_shipped_smollm2(smol_dir):
 @pytest.mark.parametrize("args, message", [
     (["--policy", "model:smollm2", "--backend", "vllm"], "vllm backend needs the `vllm` package"),
     (["--policy", "model:smollm2", "--backend", "openai"], "needs --base-url"),
-    (["--policy", "model:/nonexistent/model"], "cannot load"),
+    (["--policy", "model:/nonexistent/model"], "no such folder"),
     (["--policy", "model:smollm2", "--samples", "0"], "must be >= 1"),
     (["--policy", "model:smollm2", "--demo-choice", "best"], "invalid choice"),
 ])

@@ -187,3 +187,17 @@ def test_the_report_reads_bad_lines_defensively_and_names_them(tmp_path, capsys)
     assert "synthesis.jsonl:2: not a JSON object" in err and "synthesis.jsonl:1: solution is str" in err
     assert page.count("class=warning") >= 10 and "metrics.jsonl:8: not a JSON object" in page
     assert "ls()" in page  # the rest renders: the lineage row, and iteration 8's values in the plots
+
+
+def test_why_a_hostile_call_was_refused_reaches_evals_output(tmp_path, capsys):
+    import json
+
+    from coevolve.envs import make_env
+
+    task = make_env("bfcl-lite", split="test").tasks()[0]
+    replay = tmp_path / "replay.jsonl"
+    replay.write_text(json.dumps({"id": task.name, "turns": [["__import__('os').system('id')"]]}) + "\n")
+    code, out, _ = cli(capsys, "eval", "--env", "bfcl-lite", "--split", "test", "--limit", "1",
+                       "--policy", f"replay:{replay}", "--json")
+    failures = json.loads(out)["failures"][task.name]
+    assert code == 0 and "refused" in failures[0] and "__import__" in failures[0], failures
