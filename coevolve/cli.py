@@ -50,6 +50,8 @@ def _eval_parser(subparsers) -> None:
                         help="oracle | replay:FILE | model:ID_OR_PATH (model:smollm2 = the shipped offline model; "
                              "with --backend openai, the served model's name)")
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N tasks")
+    parser.add_argument("--tasks", default=None,
+                        help="python envs: the JSON-lines task file (--env python:package.module:ClassName)")
     model = parser.add_argument_group("model policies")
     model.add_argument("--backend", default="transformers", choices=("transformers", "vllm", "openai"))
     model.add_argument("--base-url", default=None, help="openai backend: the endpoint, e.g. http://localhost:8000/v1")
@@ -85,10 +87,21 @@ def _eval_parser(subparsers) -> None:
 
 def run_eval(args: argparse.Namespace) -> int:
     from coevolve.envs import ENVS, make_env
-    from coevolve.evaluate import ReplayError, evaluate, load_replay, oracle_script
 
+    if args.env.startswith("python:"):  # your own tools: a class and a task file
+        from coevolve.envs.python_env import EnvDefinitionError
+
+        if not args.tasks:
+            raise UsageError("--env python:... needs --tasks FILE (JSON lines: query or turns, reset, ground_truth)")
+        try:
+            env = make_env("python", cls=args.env.removeprefix("python:"), tasks=args.tasks, split=args.split)
+        except (EnvDefinitionError, ValueError) as error:
+            raise UsageError(str(error)) from None
+        return _eval_env(args, env, {"split": args.split} if args.split else {})
+    if args.tasks:
+        raise UsageError("--tasks is for --env python:package.module:ClassName")
     if args.env not in ENVS:
-        raise UsageError(f"unknown env {args.env!r}; known: {', '.join(ENVS.names())}")
+        raise UsageError(f"unknown env {args.env!r}; known: {', '.join(ENVS.names())}, python:package.module:Class")
     if args.limit is not None and args.limit < 1:
         raise UsageError("--limit must be at least 1")
     options = {name: value for name, value in (("category", args.category), ("split", args.split)) if value is not None}
@@ -100,6 +113,12 @@ def run_eval(args: argparse.Namespace) -> int:
         env = make_env(args.env, scope=args.scope, **options)
     except ValueError as error:
         raise UsageError(str(error)) from None
+    return _eval_env(args, env, options)
+
+
+def _eval_env(args: argparse.Namespace, env, options: dict) -> int:
+    from coevolve.evaluate import ReplayError, evaluate, load_replay, oracle_script
+
     if args.policy.startswith("model:"):
         return _eval_model(args, env, options)
     if args.samples != 1:
@@ -190,6 +209,10 @@ def evaluation_tasks(env: Any, env_name: str, scope: str, limit: int | None, dem
     tasks = env.tasks()[:limit]
     if not demos:
         return tasks, env, []
+    if hasattr(env, "with_split"):  # an env that makes its own train split (your own tools)
+        demo_env = env.with_split("train")
+        evaluated = {task.id for task in tasks}
+        return tasks, demo_env, [task for task in demo_env.tasks() if task.id not in evaluated]
     if hasattr(env, "split"):
         demo_env = make_env(env_name, scope=scope, split="train")
         evaluated = {task.id for task in tasks}
@@ -240,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     _pool_parser(subparsers)
     _train_parser(subparsers)
     _report_parser(subparsers)
+    _env_parser(subparsers)
     return parser
 
 
@@ -340,6 +364,26 @@ def run_serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         server.stop()
     return 0
+
+
+def _env_parser(subparsers) -> None:
+    parser = subparsers.add_parser("env", help="check your own tools: a class and a task file")
+    commands = parser.add_subparsers(dest="env_command", required=True)
+    check = commands.add_parser("check", help="say in plain words what is wrong with a class and its task file")
+    check.add_argument("cls", metavar="package.module:ClassName")
+    check.add_argument("--tasks", required=True, help="the JSON-lines task file")
+    check.set_defaults(handler=run_env_check)
+
+
+def run_env_check(args: argparse.Namespace) -> int:
+    from coevolve.envs.python_env import check_env
+
+    problems = check_env(args.cls, args.tasks)
+    for problem in problems:
+        print(problem)
+    if not problems:
+        print(f"{args.cls} with {args.tasks}: all well")
+    return 1 if problems else 0
 
 
 def _pool_parser(subparsers) -> None:

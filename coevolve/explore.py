@@ -351,8 +351,10 @@ class OfflineExplorer:
         kind = schema.get("type", "string")
         if kind == "boolean":
             return rng.random() < 0.5
-        if kind in ("integer", "number"):
+        if kind == "integer":
             return rng.randint(1, 5)
+        if kind in ("number", "float"):
+            return rng.choice((0.5, 1.0, 2.0, 2.5))
         if kind == "array":
             item = self._value(parameter, schema.get("items") or {}, context, recent, from_state, rng)
             return [item] if item is not None else []

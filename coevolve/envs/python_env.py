@@ -1,0 +1,482 @@
+"""Your own tools as an environment: a Python class whose public, type-hinted, documented methods are the tools,
+and a JSON-lines task file. The convention is TRL's `environment_factory`: `reset(**row)` starts an episode (its
+keyword arguments are the task's initial state; a string it returns is added to the user's first message), and
+an optional `get_reward()` scores an episode that has no ground truth.
+
+    env = PythonEnv("examples.shop.shop:Shop", tasks="examples/shop/tasks.jsonl", split="train")
+    coevolve eval --env python:examples.shop.shop:Shop --tasks examples/shop/tasks.jsonl --policy oracle
+
+- Tools: every public method but `reset` and the reward method, with a JSON schema from its type hints and its
+  docstring (Google or NumPy style: the first paragraph describes the tool, `Args:`/`Parameters` its arguments). A
+  method without hints on every argument, or without a docstring, is refused when the class is loaded, by name.
+- Tasks (one JSON object a line): `query` (the user's one message) or `turns` (a list of turns, each a list of
+  user messages); `reset` (keyword arguments for `reset`; may be absent); `ground_truth` (a list per turn of
+  Python-call strings, `"lend(title='Dune', member='ana')"`); optional `id` and `split` (`train` / `test`).
+- Episodes: a fresh instance each, never shared. Calls are parsed as BFCL's are (`coevolve.calls`: literals only,
+  never evaluated), only the tools can be called, arguments are bound to the signature before the method runs,
+  and anything a method raises is an observation with its reason. `state()` is a plain-data snapshot of the
+  instance's public attributes, so validation's state checks work unchanged.
+- Score: with ground truth, BFCL's rule (after each turn the state equals the state the ground truth leaves in a
+  fresh instance, and the ground truth's results are among the agent's); without, the class's `get_reward()`
+  (1.0 when it returns at least 0.5 and is a number, as a binary score; the value is kept in the check).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import inspect
+import json
+import re
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any, Callable, Literal, Mapping, Sequence
+
+from coevolve.calls import DEFAULT_LIMITS, CallError, CallLimits, fresh_arguments, parse_call
+from coevolve.envs import ENVS
+from coevolve.jsonl import jsonl_rows
+from coevolve.records import Check, Message, Score, Step, Task, ToolCall, canonical_json
+
+NOT_TOOLS = ("reset", "get_reward", "state")
+"""Public methods that are never tools: the episode's start, its reward, and a `state` the class may define."""
+REWARD_METHOD = "get_reward"
+MAX_OBSERVATION_CHARS = 8000
+EMPTY_RESULTS = frozenset({"", "None", "null", "{}", "[]", '""', "''"})
+
+
+class EnvDefinitionError(ValueError):
+    """The class or the task file cannot make an env; the message names the method, the task and the fix."""
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The class: import, tools and their schemas
+# --------------------------------------------------------------------------------------------------------------
+
+
+def load_class(spec: str) -> type:
+    """`package.module:ClassName`, imported from the current directory or the installed packages."""
+    module_name, _, class_name = spec.partition(":")
+    if not module_name or not class_name:
+        raise EnvDefinitionError(f"{spec!r}: expected package.module:ClassName")
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise EnvDefinitionError(f"{spec!r}: cannot import {module_name} ({error})") from None
+    cls = getattr(module, class_name, None)
+    if not isinstance(cls, type):
+        raise EnvDefinitionError(f"{spec!r}: {module_name} has no class {class_name}")
+    return cls
+
+
+_JSON_TYPES = {str: "string", int: "integer", float: "float", bool: "boolean", list: "array", dict: "dict",
+               tuple: "array", type(None): "null"}
+
+
+def _schema(hint: Any, where: str) -> dict[str, Any]:
+    """A JSON schema (BFCL's type names) for a type hint."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:
+        kinds = {_JSON_TYPES.get(type(arg), "string") for arg in args}
+        return {"type": kinds.pop() if len(kinds) == 1 else "string", "enum": list(args)}
+    if origin in (typing.Union, types.UnionType):
+        options = [arg for arg in args if arg is not type(None)]
+        return _schema(options[0], where) if len(options) == 1 else {"type": "string"}
+    if origin in (list, tuple, set, frozenset, Sequence):
+        item = args[0] if args and args[0] is not Ellipsis else Any
+        return {"type": "array", "items": _schema(item, where) if item is not Any else {}}
+    if origin in (dict, Mapping):
+        return {"type": "dict"}
+    if hint in _JSON_TYPES:
+        return {"type": _JSON_TYPES[hint]}
+    if hint is Any:
+        return {}
+    raise EnvDefinitionError(f"{where}: type {hint!r} has no JSON schema; use str, int, float, bool, list, dict, "
+                             "Literal or Optional of them")
+
+
+def _doc_parts(doc: str) -> tuple[str, dict[str, str]]:
+    """(description, argument -> description) from a Google- or NumPy-style docstring."""
+    doc = inspect.cleandoc(doc)
+    paragraphs = re.split(r"\n\s*\n", doc)
+    description = " ".join(paragraphs[0].split()) if paragraphs else ""
+    arguments: dict[str, str] = {}
+    google = re.search(r"^(?:Args|Arguments|Parameters):\s*$(.*?)(?=^\w[\w ]*:\s*$|\Z)", doc, re.M | re.S)
+    numpy = re.search(r"^Parameters\s*\n-{3,}\s*\n(.*?)(?=^\w[\w ]*\n-{3,}|\Z)", doc, re.M | re.S)
+    if google:
+        for match in re.finditer(r"^\s+(\w+)(?:\s*\([^)]*\))?:\s*(.+?)(?=^\s+\w+(?:\s*\([^)]*\))?:|\Z)",
+                                 google.group(1), re.M | re.S):
+            arguments[match.group(1)] = " ".join(match.group(2).split())
+    elif numpy:
+        for match in re.finditer(r"^(\w+)\s*(?::[^\n]*)?\n((?:[ \t]+.+\n?)*)", numpy.group(1), re.M):
+            arguments[match.group(1)] = " ".join(match.group(2).split())
+    return description, arguments
+
+
+def tool_docs(cls: type) -> list[dict[str, Any]]:
+    """The class's tools as function docs (name, description, parameters), in definition order."""
+    docs = []
+    for name, function in _public_methods(cls):
+        where = f"{cls.__name__}.{name}"
+        doc = inspect.getdoc(function)
+        if not doc:
+            raise EnvDefinitionError(f"{where} has no docstring: write what the tool does (the agent reads it)")
+        signature = inspect.signature(function)
+        try:
+            hints = typing.get_type_hints(function)
+        except Exception as error:  # noqa: BLE001 - an unresolvable annotation, named
+            raise EnvDefinitionError(f"{where}: its type hints cannot be read ({error})") from None
+        description, described = _doc_parts(doc)
+        properties, required = {}, []
+        for parameter in list(signature.parameters.values())[1:]:
+            if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+                raise EnvDefinitionError(f"{where}: *{parameter.name} cannot be a tool argument; name each one")
+            if parameter.name not in hints:
+                raise EnvDefinitionError(f"{where}: argument {parameter.name!r} has no type hint")
+            schema = _schema(hints[parameter.name], f"{where}({parameter.name})")
+            schema["description"] = described.get(parameter.name, "")
+            if parameter.default is parameter.empty:
+                required.append(parameter.name)
+            else:
+                schema["default"] = parameter.default
+            properties[parameter.name] = schema
+        docs.append({"name": name, "description": description,
+                     "parameters": {"type": "dict", "properties": properties, "required": required}})
+    if not docs:
+        raise EnvDefinitionError(f"{cls.__name__} has no public method to offer as a tool")
+    return docs
+
+
+def _public_methods(cls: type) -> list[tuple[str, Callable[..., Any]]]:
+    """Public functions of the class and its bases, in definition order (the agent sees the tools in it)."""
+    found: dict[str, Callable[..., Any]] = {}
+    for klass in reversed(cls.__mro__[:-1]):
+        for name, member in vars(klass).items():
+            if inspect.isfunction(member) and not name.startswith("_") and name not in NOT_TOOLS:
+                found[name] = member
+    return list(found.items())
+
+
+def plain(value: Any, depth: int = 0) -> Any:
+    """JSON-like plain data for a state snapshot (sets sorted, objects by their public attributes)."""
+    if depth > 20:
+        return repr(value)
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, Mapping):
+        return {str(key): plain(item, depth + 1) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(item, depth + 1) for item in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((plain(item, depth + 1) for item in value), key=lambda item: canonical_json(item))
+    if hasattr(value, "__dict__"):
+        return {key: plain(item, depth + 1) for key, item in vars(value).items() if not key.startswith("_")}
+    return repr(value)
+
+
+def public_state(instance: Any) -> dict[str, Any]:
+    return {key: plain(copy.deepcopy(value)) for key, value in vars(instance).items() if not key.startswith("_")}
+
+
+def observation_of(result: Any) -> str:
+    text = result if isinstance(result, str) else json.dumps(plain(result), ensure_ascii=False)
+    return text if len(text) <= MAX_OBSERVATION_CHARS else text[:MAX_OBSERVATION_CHARS] + " ...(cut)"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Tasks
+# --------------------------------------------------------------------------------------------------------------
+
+
+def load_task_file(path: str | Path, env_name: str, cls: type) -> list[Task]:
+    """The task file's tasks, each checked for shape; a bad line is refused naming path:line and the fix."""
+    tasks, seen = [], set()
+    try:
+        rows = list(jsonl_rows(Path(path)))
+    except OSError as error:
+        raise EnvDefinitionError(f"tasks file {path}: {error.strerror or error}") from None
+    except ValueError as error:
+        raise EnvDefinitionError(str(error)) from None
+    has_reward = callable(getattr(cls, REWARD_METHOD, None))
+    for number, row in rows:
+        where = f"{path}:{number}"
+        if not isinstance(row, dict):
+            raise EnvDefinitionError(f"{where}: expected a JSON object")
+        if ("query" in row) == ("turns" in row):
+            raise EnvDefinitionError(f"{where}: give `query` (one message) or `turns` (a list of turns), not both/none")
+        turns = [[row["query"]]] if "query" in row else row["turns"]
+        if not isinstance(turns, list) or not turns or not all(
+                isinstance(turn, list) and all(isinstance(text, str) for text in turn) for turn in turns):
+            raise EnvDefinitionError(f"{where}: `turns` must be a list of turns, each a list of message strings")
+        reset = row.get("reset") or {}
+        if not isinstance(reset, dict):
+            raise EnvDefinitionError(f"{where}: `reset` must be an object of keyword arguments")
+        truth = row.get("ground_truth")
+        if truth is None and not has_reward:
+            raise EnvDefinitionError(f"{where}: no `ground_truth`, and {cls.__name__} has no {REWARD_METHOD}() to "
+                                     "score the episode: give one or the other")
+        truth = truth if truth is not None else [[] for _ in turns]
+        if not isinstance(truth, list) or len(truth) != len(turns) or not all(
+                isinstance(turn, list) and all(isinstance(call, str) for call in turn) for turn in truth):
+            raise EnvDefinitionError(f"{where}: `ground_truth` must be a list per turn ({len(turns)}) of call strings")
+        name = str(row.get("id", f"task-{number}"))
+        if name in seen:
+            raise EnvDefinitionError(f"{where}: id {name!r} appears twice")
+        seen.add(name)
+        split = row.get("split", "train")
+        if split not in ("train", "test"):
+            raise EnvDefinitionError(f"{where}: split must be train or test, got {split!r}")
+        tasks.append(Task.create(env_name, name, [[{"role": "user", "content": text} for text in turn] for turn in turns],
+                                 reset, truth, {"split": split}))
+    return tasks
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The episode
+# --------------------------------------------------------------------------------------------------------------
+
+
+class _Instance:
+    """One instance of the user's class and the safe way to call its tools."""
+
+    def __init__(self, cls: type, reset: Mapping[str, Any], tools: Mapping[str, inspect.Signature]) -> None:
+        self.tools = tools
+        self.object = cls()
+        self.opening = ""
+        if hasattr(self.object, "reset"):
+            returned = self.object.reset(**copy.deepcopy(dict(reset)))
+            self.opening = returned if isinstance(returned, str) else ""
+
+    def run(self, call: ToolCall) -> tuple[str, str | None]:
+        """(observation, error); never raises on agent input."""
+        signature = self.tools.get(call.name)
+        if signature is None:
+            reason = f"no tool named {call.name!r}; the tools are {', '.join(sorted(self.tools))}"
+            return f"Error: {reason}", reason
+        positional, keywords = fresh_arguments(call)
+        try:
+            bound = signature.bind(None, *positional, **keywords)
+        except TypeError as error:
+            return f"Error: {call.name}: {error}", f"{call.name}: {error}"
+        try:
+            result = getattr(self.object, call.name)(*bound.args[1:], **bound.kwargs)
+        except Exception as error:  # noqa: BLE001 - a tool that raises gives the agent its reason
+            reason = f"{call.name} raised {type(error).__name__}: {str(error)[:300]}"
+            return f"Error: {reason}", reason
+        return observation_of(result), None
+
+    def state(self) -> dict[str, Any]:
+        return public_state(self.object)
+
+
+class PythonEpisode:
+    def __init__(self, env: "PythonEnv", task: Task) -> None:
+        self.env, self.task = env, task
+        self._agent = _Instance(env.cls, task.initial_state, env.signatures)
+        self._turn, self._results, self._calls_in_turn = 0, [], 0
+        self.checks: list[Check] = []
+        self._truth: tuple[list[list[str]], list[dict[str, Any]]] | None = None
+
+    @property
+    def turn_index(self) -> int:
+        return self._turn
+
+    @property
+    def done(self) -> bool:
+        return self._turn >= self.task.num_turns
+
+    def user_messages(self) -> list[Message]:
+        if self.done:
+            return []
+        messages = [dict(m) for m in self.task.turns[self._turn]]
+        if self._turn == 0 and self._agent.opening and messages:
+            messages[0]["content"] = messages[0]["content"] + "\n\n" + self._agent.opening
+        return messages
+
+    def tools(self) -> list[dict[str, Any]]:
+        return copy.deepcopy(self.env.docs)
+
+    def act(self, calls: Sequence[Any]) -> tuple[Step, ...]:
+        if isinstance(calls, (str, bytes)) or not isinstance(calls, Sequence):
+            calls = [calls]
+        steps = []
+        for raw in calls:
+            action = raw if isinstance(raw, str) else canonical_json(raw.to_dict() if isinstance(raw, ToolCall) else raw)
+            if self.done:
+                steps.append(Step(self._turn, 0, action[:4096], None, "Error: the episode is over",
+                                  "the episode is over"))
+                continue
+            parsed = parse_call(raw, self.env.limits)
+            if isinstance(parsed, CallError):
+                steps.append(Step(self._turn, 0, action[:4096], None, f"Error: {parsed.reason}", parsed.reason))
+                continue
+            observation, error = self._agent.run(parsed)
+            self._results.append(observation)
+            self._calls_in_turn += 1
+            steps.append(Step(self._turn, 0, action[:4096], parsed, observation, error))
+        return tuple(steps)
+
+    def end_turn(self) -> None:
+        if self.done:
+            return
+        truth_calls = self.task.ground_truth[self._turn]
+        if truth_calls:
+            results, states = self._truth_trace()
+            turn = self._turn
+            if self._calls_in_turn == 0:
+                self.checks.append(Check(turn, "empty_turn", False,
+                                         f"turn {turn}: no call, but the ground truth makes {len(truth_calls)}"))
+            else:
+                differing = _differences(self._agent.state(), states[turn])
+                self.checks.append(Check(turn, "state", not differing, f"turn {turn}: state differs in "
+                                         f"{', '.join(differing)}" if differing else ""))
+                remaining, missing = list(self._results), []
+                for item in results[turn]:
+                    if item in remaining:
+                        remaining.remove(item)
+                    else:
+                        missing.append(item)
+                self.checks.append(Check(turn, "response", not missing, f"turn {turn}: {len(missing)} ground-truth "
+                                         f"result(s) missing, e.g. {missing[0][:200]!r}" if missing else ""))
+        self._turn += 1
+        self._calls_in_turn = 0
+
+    def score(self) -> Score:
+        checks = list(self.checks)
+        if not self.done:
+            checks.append(Check(self._turn, "force_terminated", False,
+                                f"episode ended at turn {self._turn} of {self.task.num_turns} (force_terminated)"))
+        if not any(self.task.ground_truth):
+            return self._reward_score(checks)
+        return Score(1.0 if all(check.passed for check in checks) else 0.0, tuple(checks))
+
+    def state(self) -> dict[str, Any]:
+        return self._agent.state()
+
+    def _reward_score(self, checks: list[Check]) -> Score:
+        reward = getattr(self._agent.object, REWARD_METHOD, None)
+        if reward is None:
+            return Score(0.0, (*checks, Check(self._turn, "reward", False, "no ground truth and no get_reward()")))
+        try:
+            value = reward()
+        except Exception as error:  # noqa: BLE001 - a reward that raises scores 0, with why
+            return Score(0.0, (*checks, Check(self._turn, "reward", False, f"get_reward raised {error!r}")))
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0.5
+        return Score(1.0 if ok and all(c.passed for c in checks) else 0.0,
+                     (*checks, Check(self._turn, "reward", ok, f"get_reward() = {value!r}")))
+
+    def _truth_trace(self) -> tuple[list[list[str]], list[dict[str, Any]]]:
+        """The ground truth played once on a fresh instance: each turn's results and the state after it."""
+        if self._truth is None:
+            shadow = _Instance(self.env.cls, self.task.initial_state, self.env.signatures)
+            results, states = [], []
+            for calls in self.task.ground_truth:
+                turn_results = []
+                for text in calls:
+                    parsed = parse_call(text, self.env.limits)
+                    turn_results.append(shadow.run(parsed)[0] if isinstance(parsed, ToolCall) else parsed.reason)
+                results.append(turn_results)
+                states.append(shadow.state())
+            self._truth = (results, states)
+        return self._truth
+
+
+def _differences(agent: Mapping[str, Any], truth: Mapping[str, Any]) -> list[str]:
+    return sorted(key for key in set(agent) | set(truth) if agent.get(key) != truth.get(key))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The env
+# --------------------------------------------------------------------------------------------------------------
+
+
+@ENVS.register("python")
+class PythonEnv:
+    """`PythonEnv(cls="package.module:ClassName", tasks="tasks.jsonl", split=None)`: see the module docstring."""
+
+    def __init__(self, cls: str | type, tasks: str | None = None, split: str | None = None,
+                 limits: CallLimits = DEFAULT_LIMITS, scope: str = "exposed") -> None:
+        self.cls = load_class(cls) if isinstance(cls, str) else cls
+        self.name = f"python:{cls if isinstance(cls, str) else f'{cls.__module__}:{cls.__qualname__}'}"
+        self.docs = tool_docs(self.cls)
+        self.signatures = {name: inspect.signature(method) for name, method in _public_methods(self.cls)}
+        self.limits, self.split = limits, split
+        if split is not None and split not in ("train", "test"):
+            raise ValueError(f"split must be train or test, got {split!r}")
+        self._tasks = load_task_file(tasks, self.name, self.cls) if tasks else []
+
+    def tasks(self) -> list[Task]:
+        return [task for task in self._tasks if self.split is None or task.meta.get("split") == self.split]
+
+    def with_split(self, split: str | None) -> "PythonEnv":
+        """The same class and task file, another split."""
+        other = copy.copy(self)
+        other.split = split
+        return other
+
+    def reset(self, task: Task) -> PythonEpisode:
+        return PythonEpisode(self, task)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# `coevolve env check`
+# --------------------------------------------------------------------------------------------------------------
+
+
+def check_env(spec: str, tasks_path: str) -> list[str]:
+    """What is wrong with a class and a task file, one plain line each (empty: all is well): the tools' hints and
+    docstrings, the task file's shape, each task's reset arguments, whether its ground truth runs, does something,
+    and ends the same way twice (randomness or the clock without a seed would not)."""
+    try:
+        env = PythonEnv(spec, tasks=tasks_path)
+    except EnvDefinitionError as error:
+        return [str(error)]
+    problems = []
+    reset = getattr(env.cls, "reset", None)
+    for task in env.tasks():
+        where = f"task {task.name!r}"
+        if task.initial_state:
+            if reset is None:
+                problems.append(f"{where}: gives reset arguments, but {env.cls.__name__} has no reset(); add one")
+                continue
+            try:
+                inspect.signature(reset).bind(None, **task.initial_state)
+            except TypeError as error:
+                taken = ", ".join(list(inspect.signature(reset).parameters)[1:]) or "nothing"
+                problems.append(f"{where}: reset() cannot take {sorted(task.initial_state)} ({error}); it takes "
+                                f"{taken}")
+                continue
+        try:
+            first, second = _play_truth(env, task), _play_truth(env, task)
+        except Exception as error:  # noqa: BLE001 - the class raised outside a tool call (constructor, reset)
+            problems.append(f"{where}: the class raised {type(error).__name__} before any call: {error}")
+            continue
+        failed = [(call, error) for call, error in first["errors"] if error]
+        if failed:
+            problems.append(f"{where}: ground truth call {failed[0][0]!r} fails: {failed[0][1]}; fix the call or the "
+                            "class")
+        elif any(task.ground_truth) and first["initial"] == first["state"] and all(
+                result.strip() in EMPTY_RESULTS for result in first["results"]):
+            problems.append(f"{where}: its ground truth changes nothing and returns nothing, so nothing can be checked")
+        elif first["state"] != second["state"] or first["results"] != second["results"]:
+            problems.append(f"{where}: two runs of its ground truth end differently (randomness or the clock without "
+                            "a seed?); state must be a function of reset's arguments and the calls")
+        elif first["score"] < 1.0:
+            problems.append(f"{where}: its own ground truth scores {first['score']}: {first['reasons'][:1]}")
+    return problems
+
+
+def _play_truth(env: PythonEnv, task: Task) -> dict[str, Any]:
+    episode = env.reset(task)
+    initial, errors, results = episode.state(), [], []
+    for calls in task.ground_truth:
+        for step in episode.act(list(calls)):
+            errors.append((step.action, step.error))
+            results.append(step.observation if step.error is None else "")
+        episode.end_turn()
+    score = episode.score()
+    return {"initial": initial, "state": episode.state(), "errors": errors, "results": results,
+            "score": score.value, "reasons": list(score.reasons)}
