@@ -223,3 +223,26 @@ def test_env_check_says_what_is_wrong_in_plain_words(tmp_path, monkeypatch, caps
     assert "task 'idle': its ground truth changes nothing and returns nothing" in lines[3]
     assert main(["env", "check", "dice:Nope", "--tasks", "tasks.jsonl"]) == 1
     assert "has no class Nope" in capsys.readouterr().out
+
+
+def test_fuzzed_calls_never_raise_and_only_tools_ever_run():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    spec, tasks = EXAMPLES["shop"]
+    env = PythonEnv(spec, tasks=str(tasks))
+    task = env.tasks()[0]
+    tools = {doc["name"] for doc in env.docs}
+    names = st.sampled_from(sorted(tools) + ["reset", "get_reward", "__init__", "_x", "open", "eval", "stock"])
+    texts = st.one_of(st.text(max_size=60), st.builds(lambda n, a: f"{n}({a})", names, st.text(max_size=30)),
+                      st.builds(lambda n, v: {"name": n, "arguments": v}, names,
+                                st.dictionaries(st.text(max_size=6), st.integers() | st.text(max_size=6), max_size=3)))
+
+    @settings(max_examples=300, deadline=None)
+    @given(calls=st.lists(texts, min_size=1, max_size=4))
+    def run(calls):
+        episode = env.reset(task)
+        for step in episode.act(calls):
+            assert step.error is not None or (step.call is not None and step.call.name in tools)
+
+    run()
