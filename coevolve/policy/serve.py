@@ -71,7 +71,7 @@ class ChatServer:
         self.batch_window_seconds = batch_window_seconds
         self.before_request = before_request
         self._queue: queue.Queue[_Pending] = queue.Queue()
-        self._httpd = ThreadingHTTPServer((host, port), _handler_for(self))
+        self._httpd = _Server((host, port), _handler_for(self))
         self._threads: list[threading.Thread] = []
 
     @property
@@ -207,6 +207,11 @@ class ChatServer:
         return {"id": f"chatcmpl-{uuid.uuid4().hex[:16]}", "object": "chat.completion", "created": int(time.time()),
                 "model": self.model_name, "choices": [{"index": 0, "message": message, "finish_reason": finish}],
                 "usage": usage}
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 128  # socketserver's 5 resets connections of a burst of clients before a thread takes them
+    daemon_threads = True
 
 
 def _loads_object(text: Any) -> dict:
