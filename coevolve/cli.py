@@ -19,6 +19,7 @@ import inspect
 import json
 import sys
 import typing
+from pathlib import Path
 from typing import Any, Sequence
 
 from coevolve.config import ModelSection, RolloutSection
@@ -51,7 +52,8 @@ def _eval_parser(subparsers) -> None:
                              "with --backend openai, the served model's name)")
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N tasks")
     parser.add_argument("--tasks", default=None,
-                        help="python envs: the JSON-lines task file (--env python:package.module:ClassName)")
+                        help="evaluate the tasks of this JSON-lines file: task records of the env (e.g. from `coevolve "
+                             "pool DIR --export FILE`), or, for --env python:package.module:ClassName, its task file")
     model = parser.add_argument_group("model policies")
     model.add_argument("--backend", default="transformers", choices=("transformers", "vllm", "openai"))
     model.add_argument("--base-url", default=None, help="openai backend: the endpoint, e.g. http://localhost:8000/v1")
@@ -98,8 +100,6 @@ def run_eval(args: argparse.Namespace) -> int:
         except (EnvDefinitionError, ValueError) as error:
             raise UsageError(str(error)) from None
         return _eval_env(args, env, {"split": args.split} if args.split else {})
-    if args.tasks:
-        raise UsageError("--tasks is for --env python:package.module:ClassName")
     if args.env not in ENVS:
         raise UsageError(f"unknown env {args.env!r}; known: {', '.join(ENVS.names())}, python:package.module:Class")
     if args.limit is not None and args.limit < 1:
@@ -113,7 +113,46 @@ def run_eval(args: argparse.Namespace) -> int:
         env = make_env(args.env, scope=args.scope, **options)
     except ValueError as error:
         raise UsageError(str(error)) from None
+    if args.tasks:  # any task file of this env (e.g. `coevolve pool DIR --export FILE`) instead of its own tasks
+        env = _WithTasks(env, _task_file(args.tasks, env.name))
     return _eval_env(args, env, options)
+
+
+class _WithTasks:
+    """An env whose tasks come from a file; everything else is the env's own."""
+
+    def __init__(self, env: Any, tasks: list) -> None:
+        self._env, self._tasks = env, tasks
+
+    def tasks(self) -> list:
+        return list(self._tasks)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._env, name)
+
+
+def _task_file(path: str, env_name: str) -> list:
+    from coevolve.jsonl import jsonl_rows
+    from coevolve.records import Task
+
+    try:
+        rows = list(jsonl_rows(Path(path)))
+    except OSError as error:
+        raise UsageError(f"--tasks {path}: {error.strerror or error}") from None
+    except ValueError as error:
+        raise UsageError(f"--tasks: {error}") from None
+    tasks = []
+    for number, row in rows:
+        try:
+            task = Task.from_dict(row)
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise UsageError(f"--tasks {path}:{number}: not a task record ({error!r})") from None
+        if task.env != env_name:
+            raise UsageError(f"--tasks {path}:{number}: a task of env {task.env!r}, not {env_name!r}")
+        tasks.append(task)
+    if not tasks:
+        raise UsageError(f"--tasks {path}: no task in it")
+    return tasks
 
 
 def _eval_env(args: argparse.Namespace, env, options: dict) -> int:

@@ -31,6 +31,8 @@ def add_pool_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--json", action="store_true", help='print one JSON object {"iteration": T, "tasks": [...]}')
     parser.add_argument("--iteration", type=int, metavar="T", default=None, help="which D_t (default: the latest)")
     parser.add_argument("--source", choices=TASK_SOURCES, default=None, help="only seed or only synthetic tasks")
+    parser.add_argument("--export", metavar="FILE", default=None,
+                        help="write the tasks as JSON lines (what `coevolve eval --tasks FILE` and env.tasks_file read)")
     return parser
 
 
@@ -49,6 +51,16 @@ def run_pool(args: argparse.Namespace) -> int:
     except (PoolError, sqlite3.Error, ValueError) as error:
         return _fail(f"cannot read {path}: {error}")
     rows = [entry_row(entry) for entry in entries]
+    if args.export:
+        from pathlib import Path
+
+        from coevolve.jsonl import atomic_write_text, jsonl_text
+
+        try:
+            atomic_write_text(Path(args.export), jsonl_text(entry.task.to_dict() for entry in entries))
+        except OSError as error:
+            return _fail(f"cannot write {args.export}: {error.strerror or error}")
+        print(f"{len(entries)} tasks of D_{iteration} written to {args.export}", file=sys.stderr)
     if args.json:
         print(json.dumps({"iteration": iteration, "tasks": rows}, ensure_ascii=False))
     else:

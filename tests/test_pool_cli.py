@@ -108,3 +108,21 @@ def test_coevolve_pool_command_end_to_end(run_dir):
     assert table.returncode == 0 and child.name in table.stdout
     missing = subprocess.run([*command[:-1], str(directory / "nope")], capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
+
+
+def test_an_exported_pool_is_a_task_file_eval_reads(tmp_path, capsys):
+    from coevolve.cli import main
+    from coevolve.envs import make_env
+    from coevolve.pool import TaskPool
+
+    tasks = make_env("bfcl-lite", split="test").tasks()[:6]
+    with TaskPool(tmp_path / "pool.sqlite") as pool:
+        pool.add_tasks(tasks, 0)
+    assert main(["pool", str(tmp_path), "--export", str(tmp_path / "d0.jsonl"), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--env", "bfcl-lite", "--tasks", str(tmp_path / "d0.jsonl"), "--policy", "oracle",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["n"] == 6 and report["accuracy"] == 1.0 and set(report["per_task"]) == {t.name for t in tasks}
+    assert main(["eval", "--env", "bfcl", "--tasks", str(tmp_path / "d0.jsonl"), "--policy", "oracle"]) == 2
+    assert "a task of env 'bfcl-lite', not 'bfcl'" in capsys.readouterr().err
