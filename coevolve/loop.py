@@ -91,7 +91,7 @@ from coevolve.records import SIGNAL_KINDS, ExplorationContext, Task, Trajectory
 from coevolve.report import write_report
 from coevolve.run_setup import (CHECKPOINT_CONFIG, METRICS, build_env, build_eval, build_renderer, check_processes,
                                 first_heldout, last_heldout, load_tasks, open_pool, policy_backend, prepare_run,
-                                process_state, summary_of, summary_table)
+                                process_state, quiet_console, run_logging, summary_of, summary_table)
 from coevolve.signals import SignalReport, extract_signals
 from coevolve.synthesis import (Deadline, Stage, SynthesisResult, abstract, build_abstractor, build_explorer, explore,
                                 signal_contexts, synthesis_result, validate)
@@ -465,6 +465,7 @@ def build_trainer(run: Run, tokenizer: Any) -> None:
     run.trainer = trl_trainer(config, run.directory, resolve_model(config.model.name), tokenizer, run.rollouts, [],
                               callbacks=[metrics_callback(run.steps_log, pending), config_callback(config)],
                               dataset=slot_dataset(run.slots))
+    quiet_console(run.trainer, config.run.max_steps, run.is_main)
 
 
 def config_callback(config: Config) -> Any:
@@ -506,8 +507,18 @@ def run(config_path: str | None, overrides: Sequence[str] = (), output_dir: str 
     started = time.perf_counter()
     config, directory = prepare_run(config_path, overrides, output_dir, resume)
     process = process_state(config)
+    if say is print:  # lines between the progress bar's redraws
+        from tqdm.auto import tqdm
+
+        say = tqdm.write
     say = say if process.is_main_process else (lambda text: None)  # one voice for N processes
     check_processes(config, process.num_processes, deepspeed=process.distributed_type.name == "DEEPSPEED")
+    with run_logging(directory):  # library warnings and TRL's per-step dicts go to run.log, not the screen
+        return _run(config, directory, process, started, resume, backend, say)
+
+
+def _run(config: Config, directory: Path, process: Any, started: float, resume: bool, backend: Any,
+         say: Callable[[str], None]) -> RunResult:
     env = build_env(config)
     tokenizer, renderer, tasks = build_renderer(config, env, load_tasks(config, env))
     eval_env, eval_tasks = build_eval(config, env)

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import inspect
 import os
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from coevolve.config import Config, ConfigError, load_config, write_config
 from coevolve.envs import ENVS, make_env
@@ -255,3 +256,77 @@ def summary_table(summary: Mapping[str, Any]) -> str:
             ("feedback share of wall time", f"{summary['feedback_share']:.1%}"), ("seconds", summary["seconds"])]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {fmt(value)}" for name, value in rows)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The console: a progress bar and one line per iteration; the libraries' chatter goes to run.log
+# --------------------------------------------------------------------------------------------------------------
+
+LIBRARY_LOGGERS = ("transformers", "trl", "accelerate", "datasets", "peft")
+
+
+@contextmanager
+def run_logging(directory: Path) -> Iterator[Path]:
+    """For the run's duration, Python warnings and the libraries' log records go to DIR/run.log (appended), not
+    to the console, which keeps the progress bars and the loop's own lines."""
+    import logging
+    import warnings
+
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.get_logger()  # transformers adds its console handler on first use: let it, then move it
+    path = directory / "run.log"
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    saved = []
+    for name in LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        saved.append((logger, logger.handlers[:], logger.propagate))
+        logger.handlers = [handler]
+        logger.propagate = False
+    shown = warnings.showwarning
+
+    def to_log(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001 - warnings' signature
+        handler.stream.write(warnings.formatwarning(message, category, filename, lineno, line))
+        handler.flush()
+
+    warnings.showwarning = to_log
+    bars = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()  # "Loading weights", "Writing model shards": not the run's progress
+    try:
+        yield path
+    finally:
+        if bars:
+            transformers_logging.enable_progress_bar()
+        warnings.showwarning = shown
+        for logger, handlers, propagate in saved:
+            logger.handlers, logger.propagate = handlers, propagate
+        handler.close()
+
+
+def quiet_console(trainer: Any, total_steps: int, show: bool) -> None:
+    """Replace the trainer's console output (a bar per train() call, and every step's metrics dict printed) with
+    one bar over the run's steps; the metrics are in steps.jsonl."""
+    from transformers import PrinterCallback, ProgressCallback, TrainerCallback
+    from tqdm.auto import tqdm
+
+    trainer.remove_callback(ProgressCallback)
+    trainer.remove_callback(PrinterCallback)
+
+    class _Steps(TrainerCallback):
+        bar = None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            if show and self.bar is None:
+                self.bar = tqdm(total=total_steps, desc="GRPO steps", unit="step", dynamic_ncols=True)
+            if self.bar is not None:
+                self.bar.n = state.global_step
+                self.bar.refresh()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.bar is not None:
+                self.bar.update(state.global_step - self.bar.n)
+                if state.global_step >= total_steps:
+                    self.bar.close()
+
+    trainer.add_callback(_Steps())

@@ -191,3 +191,20 @@ def test_rollouts_failing_outside_the_agent_stop_the_run_with_the_cause_and_are_
     streak.observe([failed, failed, ok, failed, failed])
     with pytest.raises(TrainingError, match="3 rollouts in a row .* environment: worker crashed"):
         streak.observe([failed])
+
+
+def test_the_console_shows_progress_and_the_loops_lines_not_the_libraries_chatter(tmp_path, ls_policy_dir,
+                                                                                     tasks_file, capfd):
+    import warnings
+
+    out = tmp_path / "quiet"
+    run(None, settings(ls_policy_dir, tasks_file, "static"), str(out))
+    printed = capfd.readouterr()
+    console = printed.out + printed.err
+    assert "iteration 1:" in console and "held-out success before" in console and "GRPO steps" in console
+    assert "{'loss'" not in console and "train_runtime" not in console and "missing keys" not in console
+    assert "missing keys in the checkpoint" in (out / "run.log").read_text()  # transformers' record, on resume
+    with warnings.catch_warnings(record=True) as caught:  # the hooks are put back after the run
+        warnings.simplefilter("always")
+        warnings.warn("after the run", UserWarning)
+    assert caught and caught[0].message.args == ("after the run",)
