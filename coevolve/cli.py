@@ -342,6 +342,7 @@ def run_train(args: argparse.Namespace) -> int:
     from coevolve.config import ConfigError
     from coevolve.loop import run
     from coevolve.policy.models import ModelError
+    from coevolve.rollout import RolloutFailures
     from coevolve.train import TrainingError
 
     if not args.config and not args.resume:
@@ -356,7 +357,7 @@ def run_train(args: argparse.Namespace) -> int:
             print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
             return 0
         run(args.config, args.overrides, args.output_dir, args.resume)
-    except (ConfigError, ModelError, TrainingError) as error:
+    except (ConfigError, ModelError, TrainingError, RolloutFailures) as error:
         raise UsageError(str(error)) from None
     return 0
 

@@ -66,6 +66,8 @@ The run directory:
     pool.sqlite          D_t for every t, with provenance and each task's success history
     checkpoints/         TRL checkpoints every run.save_steps and at every iteration's end
     final/               the trained model (or LoRA adapter) and tokenizer; summary.json; report.html
+    run.log              the libraries' warnings and log records (the console keeps a progress bar and one line per
+                         iteration)
 Resume (`--resume`) after a kill redoes what the last metrics line does not cover, and nothing else
 (`resume_plan`): steps after the last checkpoint train again with the same seeds; an iteration whose steps are
 all checkpointed but whose metrics line is missing (a kill in its feedback) has phases 3-10 redone from its logged

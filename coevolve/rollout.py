@@ -316,3 +316,23 @@ def trajectory_summary(trajectory: Trajectory) -> dict[str, Any]:
     for key in tokens:
         del data[key]
     return data
+
+
+class RolloutFailures(RuntimeError):
+    """Too many rollouts in a row failed outside the agent; the message names the cause."""
+
+
+class FailureStreak:
+    """Counts rollouts in a row that failed outside the agent (`Trajectory.failure`: backend or env worker) and
+    stops training at `limit` with the cause: a dead endpoint or a crashing env would otherwise train on zeros."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.streak = limit, 0
+
+    def observe(self, trajectories: Sequence[Trajectory]) -> None:
+        for trajectory in trajectories:
+            self.streak = self.streak + 1 if trajectory.failure else 0
+            if self.limit and self.streak >= self.limit:
+                raise RolloutFailures(f"{self.streak} rollouts in a row failed outside the agent, the last with "
+                                    f"{trajectory.failure}; stopping (rollout.max_consecutive_failures="
+                                    f"{self.limit}). Fix the cause and continue with --resume")

@@ -65,7 +65,7 @@ from coevolve.policy.backends import SamplingConfig
 from coevolve.policy.chat import ChatRenderer
 from coevolve.records import Task, Trajectory
 from coevolve.reward import training_reward
-from coevolve.rollout import RolloutBatch, RolloutConfig, StepRollouts, group_runs, rollout
+from coevolve.rollout import FailureStreak, RolloutBatch, RolloutConfig, StepRollouts, group_runs, rollout
 
 LOSS_TYPES = {"tokens": "dapo", "sequence": "grpo", "constant": "dr_grpo"}
 """grpo.loss_normalisation -> TRL loss_type (see the module docstring)."""
@@ -74,22 +74,6 @@ CHECKPOINTS = "checkpoints"
 
 class TrainingError(RuntimeError):
     """Training cannot go on as asked (the message says why and what to do)."""
-
-
-class FailureStreak:
-    """Counts rollouts in a row that failed outside the agent (`Trajectory.failure`: backend or env worker) and
-    stops training at `limit` with the cause: a dead endpoint or a crashing env would otherwise train on zeros."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit, self.streak = limit, 0
-
-    def observe(self, trajectories: Sequence[Trajectory]) -> None:
-        for trajectory in trajectories:
-            self.streak = self.streak + 1 if trajectory.failure else 0
-            if self.limit and self.streak >= self.limit:
-                raise TrainingError(f"{self.streak} rollouts in a row failed outside the agent, the last with "
-                                    f"{trajectory.failure}; stopping (rollout.max_consecutive_failures="
-                                    f"{self.limit}). Fix the cause and continue with --resume")
 
 
 class EnvRollouts:

@@ -176,10 +176,10 @@ def test_rollouts_failing_outside_the_agent_stop_the_run_with_the_cause_and_are_
                                                                                         tasks_file):
     """A dead endpoint would otherwise train on zeros for the whole run: after `rollout.max_consecutive_failures`
     failed rollouts in a row the run stops naming the cause, and what failed is in the run's logs."""
-    from coevolve.train import FailureStreak, TrainingError
+    from coevolve.rollout import FailureStreak, RolloutFailures
 
     out = tmp_path / "dead"
-    with pytest.raises(TrainingError, match=r"8 rollouts in a row failed outside the agent, the last with backend: "
+    with pytest.raises(RolloutFailures, match=r"8 rollouts in a row failed outside the agent, the last with backend: "
                                             r"gave up after 4 attempts: APIConnectionError"):
         run(None, settings(ls_policy_dir, tasks_file, "static", "rollout.max_consecutive_failures=8",
                            "loop.eval_limit=1"), str(out), backend=DeadEndpoint(), say=lambda text: None)
@@ -189,7 +189,7 @@ def test_rollouts_failing_outside_the_agent_stop_the_run_with_the_cause_and_are_
     streak = FailureStreak(limit=3)  # a success in between starts the count again
     ok, failed = (type("T", (), {"failure": value}) for value in (None, "environment: worker crashed"))
     streak.observe([failed, failed, ok, failed, failed])
-    with pytest.raises(TrainingError, match="3 rollouts in a row .* environment: worker crashed"):
+    with pytest.raises(RolloutFailures, match="3 rollouts in a row .* environment: worker crashed"):
         streak.observe([failed])
 
 
