@@ -62,6 +62,7 @@ The run directory:
     rollouts.jsonl       one line per trajectory trained on (iteration, step, calls, score, reasons; no token ids);
                          with N processes each writes its share (rollouts.pI.jsonl for process I > 0)
     samples.jsonl        per iteration, the sample of D_{t-1} its slots stood for (samples.pI.jsonl likewise)
+    heldout.jsonl        per evaluated iteration and held-out task: solved or not, the first failed check, the calls
     synthesis.jsonl      one line per candidate: signal -> flagged trajectories -> episode -> candidate -> verdict
     pool.sqlite          D_t for every t, with provenance and each task's success history
     checkpoints/         TRL checkpoints every run.save_steps and at every iteration's end
@@ -99,7 +100,8 @@ from coevolve.synthesis import (Deadline, Stage, SynthesisResult, abstract, buil
                                 signal_contexts, synthesis_result, validate)
 from coevolve.validate import Validator
 
-STEPS, ROLLOUTS, SAMPLES, LINEAGE = "steps.jsonl", "rollouts.jsonl", "samples.jsonl", "synthesis.jsonl"
+STEPS, ROLLOUTS, SAMPLES, LINEAGE, HELDOUT = (
+    "steps.jsonl", "rollouts.jsonl", "samples.jsonl", "synthesis.jsonl", "heldout.jsonl")
 
 
 @dataclass(frozen=True)
@@ -284,12 +286,20 @@ def evaluate_heldout(run: "Run", t: int) -> float | None:
     greedy = replace(run.config.rollout.engine(), group_size=1, sampling=SamplingConfig(temperature=0.0, seed=0))
     with run.generation() as backend, tqdm(total=len(shard), desc="held-out eval", unit="task", leave=False,
                                            disable=not run.is_main) as bar:
-        report, _ = evaluate_model(run.eval_env, shard, backend, run.renderer, greedy, "model",
-                                   progress=lambda finished, total: bar.update(finished - bar.n))
+        report, batch = evaluate_model(run.eval_env, shard, backend, run.renderer, greedy, "model",
+                                       progress=lambda finished, total: bar.update(finished - bar.n))
+    rows = [{"iteration": t, "task_id": trajectory.task_id, "name": result.name, "success": result.score.success,
+             "reason": (result.score.reasons or ("",))[0][:300],
+             "calls": [step.action[:200] for step in trajectory.steps]}
+            for result, trajectory in zip(report.results, batch.trajectories)]
+    if process.num_processes > 1:
+        rows = gather_object(rows)
+    if run.is_main:  # per task, so the report can say which tasks training fixed and which it broke
+        run.heldout_log.rewrite(lambda row: row.get("iteration") != t)
+        run.heldout_log.extend(rows)
     if process.num_processes == 1:
         return report.accuracy
-    successes = gather_object([result.score.success for result in report.results])
-    return sum(successes) / len(successes) if successes else 0.0
+    return sum(row["success"] for row in rows) / len(rows) if rows else 0.0
 
 
 def record_iteration(run: "Run", t: int, trajectories: Sequence[Trajectory], report: SignalReport | None,
@@ -374,6 +384,7 @@ class Run:
         self.metrics_log = JsonLines(self.directory / METRICS)
         self.lineage_log = JsonLines(self.directory / LINEAGE)
         self.steps_log = JsonLines(self.directory / STEPS)
+        self.heldout_log = JsonLines(self.directory / HELDOUT)
         from accelerate import PartialState
 
         index = PartialState().process_index

@@ -186,12 +186,49 @@ def checked_lineage(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
+def heldout_changes(rows: Sequence[Mapping[str, Any]]) -> tuple[int | None, int | None, list, list]:
+    """(first iteration, last iteration, tasks fixed, tasks broken) between the first and the last held-out
+    evaluation of heldout.jsonl; each task as (before row, after row)."""
+    by_iteration: dict[int, dict[str, Mapping[str, Any]]] = {}
+    for row in rows:
+        if isinstance(row.get("iteration"), int) and isinstance(row.get("task_id"), str):
+            by_iteration.setdefault(row["iteration"], {})[row["task_id"]] = row
+    if len(by_iteration) < 2:
+        return None, None, [], []
+    first, last = min(by_iteration), max(by_iteration)
+    before, after = by_iteration[first], by_iteration[last]
+    common = [task for task in before if task in after]
+    solved = {task: (bool(before[task].get("success")), bool(after[task].get("success"))) for task in common}
+    fixed = [(before[task], after[task]) for task in common if solved[task] == (False, True)]
+    broken = [(before[task], after[task]) for task in common if solved[task] == (True, False)]
+    return first, last, fixed, broken
+
+
+def changes_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    first, last, fixed, broken = heldout_changes(rows)
+    if first is None:
+        return "<p>One held-out evaluation or none: nothing to compare.</p>"
+    lines = []
+    for kind, pairs in (("fixed", fixed), ("broke", broken)):
+        for before, after in pairs:
+            cells = (kind, before.get("name"), "\n".join(map(str, before.get("calls") or [])) or "(no call)",
+                     before.get("reason") or "", "\n".join(map(str, after.get("calls") or [])) or "(no call)",
+                     after.get("reason") or "")
+            lines.append(f'<tr class="change-{kind}">' + "".join(
+                f"<td>{html.escape('' if cell is None else str(cell))}</td>" for cell in cells) + "</tr>")
+    head = ("", "task", f"calls at iteration {first}", "why it failed", f"calls at iteration {last}", "why it failed")
+    return (f"<p>From iteration {first} to {last}: {len(fixed)} held-out tasks fixed, {len(broken)} broken.</p>"
+            '<table id="changes"><thead><tr>' + "".join(f"<th>{h}</th>" for h in head) + "</tr></thead><tbody>"
+            + "".join(lines) + "</tbody></table>")
+
+
 def render(directory: str | Path, warnings: list[str] | None = None) -> str:
     """The page; what could not be read is listed at its top (and collected in `warnings`)."""
     directory = Path(directory)
     warnings = [] if warnings is None else warnings
     metrics = checked_metrics(directory / "metrics.jsonl", warnings)
     lineage = checked_lineage(directory / "synthesis.jsonl", warnings)
+    heldout = [row for _, row in _records(directory / "heldout.jsonl", warnings)]
     try:
         summary = json.loads((directory / "summary.json").read_text()) if (directory / "summary.json").exists() else {}
     except ValueError:
@@ -226,6 +263,7 @@ def render(directory: str | Path, warnings: list[str] | None = None) -> str:
             f"<table class='summary'>{facts}</table>"
             f"<h2>Iterations</h2><div class='plots'>{''.join(plots)}</div>"
             f"<p>Feedback share of wall time per iteration: {html.escape(shares) or '-'}</p>"
+            f"<h2>Held-out tasks training fixed and broke</h2>{changes_table(heldout)}"
             f"<h2>Synthesized tasks and their lineage</h2>{lineage_table(lineage)}"
             f"<h2>Resolved config</h2><pre>{html.escape(config)}</pre>"
             f"<script>{_SCRIPT}</script></body></html>")

@@ -54,6 +54,10 @@ def test_every_mode_runs_two_iterations_and_records_them(mode, tmp_path, ls_poli
         synthetic_at_0 = len(pool.tasks_at(0, source="synthetic"))
         latest = pool.latest_iteration()
         synthetic = len(pool.tasks_at(latest, source="synthetic"))
+    heldout = read_jsonl(out / "heldout.jsonl")  # per task, per evaluated iteration
+    assert all(sum(r["iteration"] == m["iteration"] for r in heldout) == 4 for m in metrics)
+    assert all(sum(r["success"] for r in heldout if r["iteration"] == m["iteration"]) / 4 == m["heldout_success"]
+               for m in metrics)
     if mode == "zero-shot":
         assert len(metrics) == 1 and result.final_step == 0 and not (out / "checkpoints").exists()
         return

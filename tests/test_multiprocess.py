@@ -85,6 +85,8 @@ def test_two_processes_run_coevolve_on_one_sample_and_resume_after_a_kill_exactl
     want = run_record(reference)
     assert [m["iteration"] for m in want["metrics"]] == [0, 1, 2] and want["steps"] == [1, 2]
     assert all(m["heldout_success"] is not None for m in want["metrics"])  # split over both processes, gathered
+    heldout = read_jsonl(reference / "heldout.jsonl")
+    assert sorted(r["iteration"] for r in heldout) == [0] * 4 + [1] * 4 + [2] * 4  # both shares, written once
     # Every process trained on the same sample of D_{t-1} at every iteration...
     samples = list(want["samples"].values())
     assert len(samples) == 2 and samples[0] == samples[1] and [s["iteration"] for s in samples[0]] == [1, 2]

@@ -104,3 +104,18 @@ def test_headless_chromium_renders_the_plots_and_the_table(run_dir, tmp_path):
     subprocess.run([CHROMIUM, *flags, "--window-size=1200,1400", f"--screenshot={shot}", report.as_uri()],
                    capture_output=True, timeout=120)
     assert shot.exists() and shot.stat().st_size > 10_000  # a real picture, not a blank page
+
+
+def test_the_report_says_which_held_out_tasks_training_fixed_and_which_it_broke(run_dir):
+    rows = [{"iteration": 0, "task_id": "a", "name": "task-a", "success": False, "reason": "state differs",
+             "calls": ["rm(file_name='x')"]},
+            {"iteration": 0, "task_id": "b", "name": "task-b", "success": True, "reason": "", "calls": ["ls()"]},
+            {"iteration": 0, "task_id": "c", "name": "task-c", "success": True, "reason": "", "calls": ["pwd()"]},
+            {"iteration": 2, "task_id": "a", "name": "task-a", "success": True, "reason": "", "calls": ["cd(folder='x')"]},
+            {"iteration": 2, "task_id": "b", "name": "task-b", "success": False, "reason": "no call", "calls": []},
+            {"iteration": 2, "task_id": "c", "name": "task-c", "success": True, "reason": "", "calls": ["pwd()"]}]
+    (run_dir / "heldout.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    page = render(run_dir)
+    assert "From iteration 0 to 2: 1 held-out tasks fixed, 1 broken." in page
+    assert page.count('<tr class="change-fixed">') == 1 and page.count('<tr class="change-broke">') == 1
+    assert "rm(file_name=&#x27;x&#x27;)" in page and "(no call)" in page
