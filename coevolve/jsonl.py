@@ -30,10 +30,11 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(handle.name, path)
 
 
-def jsonl_rows(path: Any, strict: bool = True) -> Iterator[tuple[int, Any]]:
+def jsonl_rows(path: Any, strict: bool = True,
+               on_bad: Callable[[int, str], None] | None = None) -> Iterator[tuple[int, Any]]:
     """(line number, parsed value) for every non-blank line of a JSON-lines file (a `Path` or a package resource).
     `strict`: a line that is not JSON raises ValueError "path:line: not valid JSON (why)"; else it is left out (the
-    torn last line of a killed write)."""
+    torn last line of a killed write), and `on_bad(line number, why)` hears of it."""
     text = path.read_text(encoding="utf-8", errors="replace") if hasattr(path, "read_text") else Path(path).read_text()
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -43,6 +44,8 @@ def jsonl_rows(path: Any, strict: bool = True) -> Iterator[tuple[int, Any]]:
         except json.JSONDecodeError as error:
             if strict:
                 raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from None
+            if on_bad is not None:
+                on_bad(number, f"not valid JSON ({error.msg})")
 
 
 def read_jsonl(path: Path, skip_bad: bool = True) -> list[dict[str, Any]]:

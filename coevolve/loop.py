@@ -504,9 +504,9 @@ def synthesize_before_training(run: Run) -> None:
     explored = explore_contexts(run, 0, contexts, deadline)
     abstracted = abstract_episodes(run, 0, explored, deadline)
     validated = validate_candidates(run, 0, abstracted, deadline)
-    result = admit(run, 0, contexts, explored, abstracted, validated) or synthesis_result(0, (), explored, abstracted,
-                                                                                          validated)
-    run.say(f"synthesis before training: {len(result.admitted)} tasks admitted of {len(result.candidates)}")
+    result = admit(run, 0, contexts, explored, abstracted, validated)  # None when there was nothing to explore
+    admitted, candidates = (len(result.admitted), len(result.candidates)) if result else (0, 0)
+    run.say(f"synthesis before training: {admitted} tasks admitted of {candidates}")
 
 
 # ===============================================================================================================

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from coevolve.jsonl import atomic_write_text
+from coevolve.jsonl import atomic_write_text, jsonl_rows
 
 COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")
 WIDTH, HEIGHT, PAD = 560, 240, 40
@@ -136,18 +136,13 @@ def _records(path: Path, warnings: list[str]) -> list[tuple[int, dict[str, Any]]
     """(line number, object) for each line of a JSON-lines file; every other line is a warning, not a traceback."""
     if not path.exists():
         return []
+    bad = lambda number, why: warnings.append(f"{path.name}:{number}: not a JSON object; left out")  # noqa: E731
     rows = []
-    for number, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError:
-            value = None
+    for number, value in jsonl_rows(path, strict=False, on_bad=bad):
         if isinstance(value, dict):
             rows.append((number, value))
         else:
-            warnings.append(f"{path.name}:{number}: not a JSON object; left out")
+            bad(number, "")
     return rows
 
 

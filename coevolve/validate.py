@@ -71,7 +71,7 @@ DEFAULT_UNSAFE_PATTERNS = (
 _PATH_ESCAPE = re.compile(r"^(?:/|~|[A-Za-z]:)|(?:^|/)\.\.(?:/|$)|\\|\x00")
 _CALL_HEAD = re.compile(r"^\s*\[?\s*([A-Za-z_][A-Za-z0-9_]*)\s*\(")
 _WORD = re.compile(r"[a-z0-9]+(?:['._-][a-z0-9]+)*")
-_EMPTY_RESULTS = frozenset({"", "None", "null", "{}", "[]", '""', "''"})
+EMPTY_RESULTS = frozenset({"", "None", "null", "{}", "[]", '""', "''"})
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ def _task_query(task: Task) -> str:
 def is_informative(observation: str, empty: Iterable[str] = ()) -> bool:
     """False for an empty result; `empty` adds an env's own phrasings of one (`env.empty_observations`)."""
     text = observation.strip()
-    return text not in _EMPTY_RESULTS and text not in empty
+    return text not in EMPTY_RESULTS and text not in empty
 
 
 def _string_values(value: Any) -> Iterable[str]:

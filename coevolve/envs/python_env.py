@@ -38,12 +38,12 @@ from coevolve.calls import DEFAULT_LIMITS, CallError, CallLimits, fresh_argument
 from coevolve.envs import ENVS
 from coevolve.jsonl import jsonl_rows
 from coevolve.records import Check, Message, Score, Step, Task, ToolCall, canonical_json
+from coevolve.validate import EMPTY_RESULTS
 
 NOT_TOOLS = ("reset", "get_reward", "state")
 """Public methods that are never tools: the episode's start, its reward, and a `state` the class may define."""
 REWARD_METHOD = "get_reward"
 MAX_OBSERVATION_CHARS = 8000
-EMPTY_RESULTS = frozenset({"", "None", "null", "{}", "[]", '""', "''"})
 
 
 class EnvDefinitionError(ValueError):
