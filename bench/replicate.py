@@ -1,30 +1,35 @@
-"""A small-scale replication of the paper's ablation table on CPU: every mode, several seeds, held-out success with
-95% confidence intervals, next to the paper's figures.
+"""The replication on CPU: does signal-guided co-evolution beat plain GRPO where D_0 misses part of what is asked?
 
-Question: does the paper's ordering (zero-shot < GRPO on static data < + synthetic data < + random exploration <
-+ feedback signals, with forgetting the most valuable signal and the feedback phase ~10% of training time) hold
-for SmolLM2-135M on BFCL-lite, at equal rollout budget?
+Question: at equal rollout budget, is held-out success after CoEvolve higher than after GRPO on the static D_0,
+and by how much (paired by seed, with a 95% interval)? Above all on the part of the held-out set that D_0 does
+not cover, and does each signal (forgetting, boundary, rare) carry its weight?
 
-Arms (each a `coevolve train` run of `configs/quickstart.yaml` with overrides): zero-shot (evaluation only; greedy,
-so one run stands for every seed), static, synthetic, random, coevolve, and coevolve without each signal. Every
-training arm gets the same model rollouts: `--steps` GRPO steps of the config's tasks x K (the feedback phase's
-exploration runs the env, not the model, with the offline explorer). Held-out: the first `--heldout` BFCL-lite
-test tasks, greedy, before training (iteration 0) and after the last iteration.
+Settings (each a config; both share the same 142 held-out BFCL-lite tasks, 90 one-call and 52 two-call):
+- `shift` (configs/lite-shift.yaml): D_0 holds only one-call tasks (and so do the worked examples drawn from it);
+  held-out success is reported on the shifted part (two-call tasks: `cd` into a folder, then act there) and on
+  the rest apart.
+- `iid`: the same config with the train split's two-call tasks kept (`env.options` without `train_max_calls`):
+  D_0 and held-out drawn from one generator.
 
-Confidence intervals: per arm, the mean over seeds of held-out success after training, +- t(0.975, n-1) x sd /
-sqrt(n) (seed-to-seed spread; with 3 seeds t = 4.30, so the interval is wide, honestly); the zero-shot row's
-interval is Wilson's over its tasks. `delta vs static` is the mean over seeds of the paired difference (same seed,
-same held-out tasks).
+Arms (overrides of the setting's config): zero-shot (evaluation only: greedy, so one run stands for every
+seed; it is also the "before training" figure of its setting, which the training arms therefore skip), static,
+random (exploration from random tasks, as many contexts as the signals would have given), coevolve, coevolve
+without each signal. Every training arm gets the same model rollouts: `run.max_steps` GRPO steps of
+`grpo.prompts_per_step` tasks x K (synthesis runs the env, not the model: the offline explorer). Both configs use
+`loop.recur_fraction` (a quarter of each iteration's tasks were solved recently, so forgetting has a history) and
+θ `auto` (rare = fewer than 3 occurrences in the iteration), so all three signals fire by design.
 
-Resumable: each run has its own directory under `--out`; a finished run (summary.json present) is read, not rerun;
-an interrupted one is continued with `--resume`. Usage:
-`python bench/replicate.py [--seeds 0 1 2] [--steps 6] [--steps-per-iteration 3] [--heldout 40] [--arms ...]
+Statistics: per arm, the mean over seeds of held-out success after training +- t(0.975, n-1) x sd / sqrt(n);
+`delta vs static` is the mean over seeds of the paired difference (same seed, same held-out tasks) with the same
+t interval over the differences. The zero-shot row's interval is Wilson's over its tasks.
+
+Resumable and run in chunks: each run has its own directory under `--out`/SETTING; a finished run (summary.json
+present) is read, not rerun; an interrupted one continues with `--resume`. Runs go in priority order (`plan`):
+shift static+coevolve seed by seed, then shift random, the shift ablations, then the same for iid, so a stopped
+invocation leaves the most important paired comparisons complete. `--max-minutes M` starts no run after M
+minutes; `--jobs J` runs J at a time, each with cores/J torch threads. Usage:
+`python bench/replicate.py [--settings shift iid] [--seeds 0 1 2 3 4] [--ablation-seeds 0 1 2] [--jobs 2]
 [--max-minutes M] [--no-write]`.
-
-Budget (measured on 2 cores): a run costs ~110 s (start-up, two held-out passes of 40 tasks) + ~33 s per GRPO step
-of 4 tasks x K=4. 21 training runs (7 arms x 3 seeds) + one zero-shot evaluation: ~110 minutes at 6 steps (two
-iterations of 3, so the tasks the feedback phase adds after the first are trained on in the second), ~130 at 8.
-Hence 6 steps: the 2-hour limit with a margin.
 """
 
 from __future__ import annotations
@@ -32,11 +37,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -44,8 +52,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._report import machine_line, write_section  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-CONFIG = REPO / "configs" / "quickstart.yaml"
-
+CONFIG = REPO / "configs" / "lite-shift.yaml"
+SETTINGS = {
+    "shift": (CONFIG, []),
+    "iid": (CONFIG, ["env.options={num_tasks: 560, two_call_share: 0.4}"]),
+}
+SIGNALS = ("forgetting", "boundary", "rare")
 ARMS = {
     "zero-shot": ["run.mode=zero-shot"],
     "static": ["run.mode=static"],
@@ -56,11 +68,8 @@ ARMS = {
     "coevolve w/o boundary": ["run.mode=coevolve", "signals.enabled=[forgetting,rare]"],
     "coevolve w/o rare": ["run.mode=coevolve", "signals.enabled=[forgetting,boundary]"],
 }
-PAPER_BFCL = {"zero-shot": "26.50", "synthetic": "58.00", "random": "60.50", "coevolve": "63.00"}
-"""Qwen3-4B on BFCL-V3 multi-turn, the paper's ablation table (its rows are cumulative: + synthetic data,
-+ random exploration, + feedback). Its signal ablation is reported on the AppWorld/BFCL average only
-(49.36 -> 45.18 without forgetting, 47.17 without boundary, 47.21 without rare)."""
-
+MAIN_ARMS = ("static", "coevolve", "random")
+ABLATIONS = ("coevolve w/o forgetting", "coevolve w/o boundary", "coevolve w/o rare")
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
@@ -68,58 +77,108 @@ def slug(arm: str) -> str:
     return arm.replace(" ", "-").replace("/", "")
 
 
-def config_differences(saved: Path, overrides: list[str]) -> list[str]:
-    """Settings in which a run folder's resolved config differs from what this invocation asks for (a changed
-    configs/quickstart.yaml, or other --steps), so that old runs are never read back as new ones."""
+@dataclass(frozen=True)
+class Planned:
+    """One run of the replication: a setting, an arm, a seed."""
+
+    setting: str
+    arm: str
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.setting}/{slug(self.arm)}-seed{self.seed}"
+
+    def overrides(self) -> list[str]:
+        extra = [] if self.arm == "zero-shot" else ["loop.eval_before_training=false"]
+        return [*SETTINGS[self.setting][1], f"run.seed={self.seed}", *ARMS[self.arm], *extra]
+
+
+def plan(settings: list[str], arms: list[str], seeds: list[int], ablation_seeds: list[int]) -> list[Planned]:
+    """Every run, most important first: per setting, zero-shot; static and coevolve seed by seed (the headline
+    paired comparison); random; the ablations; anything else asked for."""
+    runs: list[Planned] = []
+    for setting in settings:
+        if "zero-shot" in arms:
+            runs.append(Planned(setting, "zero-shot", seeds[0]))
+        runs += [Planned(setting, arm, seed) for seed in seeds for arm in ("static", "coevolve") if arm in arms]
+        runs += [Planned(setting, "random", seed) for seed in seeds if "random" in arms]
+        runs += [Planned(setting, arm, seed) for seed in ablation_seeds for arm in ABLATIONS if arm in arms]
+        runs += [Planned(setting, arm, seed) for seed in seeds for arm in arms
+                 if arm not in (*MAIN_ARMS, *ABLATIONS, "zero-shot")]
+    return runs
+
+
+def config_differences(saved: Path, config: Path, overrides: list[str]) -> list[str]:
+    """Settings in which a run folder's resolved config differs from what this invocation asks for (an edited
+    config, other overrides), so that old runs are never read back as new ones."""
     from coevolve.config import load_config
 
-    def flat(config: dict, prefix: str = "") -> dict:
+    def flat(values: dict, prefix: str = "") -> dict:
         items = {}
-        for key, value in config.items():
-            if isinstance(value, dict):
+        for key, value in values.items():
+            if isinstance(value, dict) and key != "options":
                 items.update(flat(value, f"{prefix}{key}."))
             else:
                 items[f"{prefix}{key}"] = value
         return items
 
-    have, want = flat(load_config(saved).to_dict()), flat(load_config(str(CONFIG), overrides).to_dict())
+    have, want = flat(load_config(saved).to_dict()), flat(load_config(str(config), overrides).to_dict())
     return sorted(key for key in set(have) | set(want) if key != "run.output_dir" and have.get(key) != want.get(key))
 
 
-def run_arm(arm: str, seed: int, steps: int, heldout: int, out: Path, steps_per_iteration: int = 3) -> dict:
-    """One run (resumed if it was interrupted, read back if it finished)."""
-    folder = out / f"{slug(arm)}-seed{seed}"
-    overrides = [f"run.seed={seed}", f"run.max_steps={steps}", f"loop.eval_limit={heldout}",
-                 f"loop.steps_per_iteration={steps_per_iteration}", *ARMS[arm]]
+def execute(run: Planned, out: Path, threads: int) -> None:
+    """Train (or resume) one run in a subprocess, unless it finished; its wall seconds go to bench-seconds.txt."""
+    folder = out / run.name
+    config = SETTINGS[run.setting][0]
     if (folder / "config.yaml").exists():
-        changed = config_differences(folder / "config.yaml", overrides)
+        changed = config_differences(folder / "config.yaml", config, run.overrides())
         if changed:
             raise SystemExit(f"{folder} was run with other settings ({', '.join(changed)}); delete it or pick "
                              "another --out")
     if not (folder / "summary.json").exists():
-        command = [str(REPO / ".venv" / "bin" / "coevolve"), "train", "--config", str(CONFIG), "--output-dir",
-                   str(folder), *overrides]
-        if folder.exists():
-            command.append("--resume")
-        started = time.perf_counter()
-        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise SystemExit(f"{arm} seed {seed} failed:\n{done.stderr[-3000:]}")
-        (folder / "bench-seconds.txt").write_text(f"{time.perf_counter() - started:.1f}\n")
-    # The table needs the run's logs, not its optimizer state: ~1.6 GB of checkpoints per run would fill a disk
-    # over 22 runs (final/ keeps the trained weights).
+        train(run, folder, config, threads)
+    # The table needs the run's logs, not its optimizer state (~0.5 GB a run; final/ keeps the trained weights).
     shutil.rmtree(folder / "checkpoints", ignore_errors=True)
-    from coevolve.jsonl import read_jsonl
 
+
+def train(run: Planned, folder: Path, config: Path, threads: int) -> None:
+    command = [str(REPO / ".venv" / "bin" / "coevolve"), "train", "--config", str(config), "--output-dir",
+               str(folder), *run.overrides(), *(["--resume"] if folder.exists() else [])]
+    environment = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=environment)
+    if done.returncode != 0:
+        raise SystemExit(f"{run.name} failed:\n{done.stderr[-3000:]}")
+    (folder / "bench-seconds.txt").write_text(f"{time.perf_counter() - started:.1f}\n")
+
+
+def result_of(run: Planned, out: Path) -> dict:
+    """What a finished run says: held-out success after training (all, and by ground-truth calls), signals fired,
+    the synthesized tasks by solution length, time."""
+    from coevolve.jsonl import read_jsonl
+    from coevolve.pool import TaskPool
+
+    folder = out / run.name
     metrics = read_jsonl(folder / "metrics.jsonl")
     summary = json.loads((folder / "summary.json").read_text())
-    after = next(m["heldout_success"] for m in reversed(metrics) if m["heldout_success"] is not None)
+    last = next(m for m in reversed(metrics) if m["heldout_success"] is not None)
+    added_by_calls: dict[str, int] = {}
+    if (folder / "pool.sqlite").exists():
+        with TaskPool(folder / "pool.sqlite") as pool:
+            latest = pool.latest_iteration() or 0
+            for task in pool.tasks_at(latest, source="synthetic"):
+                calls = str(sum(map(len, task.ground_truth)))
+                added_by_calls[calls] = added_by_calls.get(calls, 0) + 1
     seconds_file = folder / "bench-seconds.txt"
-    return {"arm": arm, "seed": seed, "before": metrics[0]["heldout_success"], "after": after,
-            "added": summary.get("tasks_added", 0), "feedback_share": summary.get("feedback_share", 0.0),
+    evaluated = sum(1 for row in read_jsonl(folder / "heldout.jsonl") if row["iteration"] == last["iteration"]) \
+        if (folder / "heldout.jsonl").exists() else 0
+    return {"setting": run.setting, "heldout_tasks": evaluated, "arm": run.arm, "seed": run.seed, "after": last["heldout_success"],
+            "after_by_calls": last.get("heldout_by_calls", {}), "added": summary.get("tasks_added", 0),
+            "added_by_calls": added_by_calls, "feedback_share": summary.get("feedback_share", 0.0),
             "seconds": float(seconds_file.read_text()) if seconds_file.exists() else float("nan"),
-            "signals": {kind: sum(m["signals"].get(kind, 0) for m in metrics) for kind in
-                        ("forgetting", "boundary", "rare")}}
+            "signals": {kind: sum(m["signals"].get(kind, 0) for m in metrics) for kind in SIGNALS},
+            "signals_by_iteration": [[m["signals"].get(kind, 0) for kind in SIGNALS] for m in metrics[1:]]}
 
 
 def t_interval(values: list[float]) -> tuple[float, float]:
@@ -138,106 +197,110 @@ def wilson(successes: float, total: int) -> tuple[float, float]:
     return centre - half, centre + half
 
 
+def _value(result: dict, part: str) -> float | None:
+    return result["after"] if part == "all" else result["after_by_calls"].get(part)
+
+
+def _interval(values: list[float]) -> str:
+    if not values:
+        return "-"
+    mean, half = t_interval(values)
+    return f"{mean:+.3f} +- {half:.3f}" if len(values) > 1 else f"{mean:+.3f} (one seed)"
+
+
+def setting_table(rows: dict[str, list[dict]], heldout: int) -> str:
+    """One setting's table: per arm, held-out success after training overall and per part (1-call, 2-call), each
+    with its paired delta vs static and the 95% interval of that delta."""
+    parts = ["all", "1", "2"]
+    static = {r["seed"]: r for r in rows.get("static", [])}
+    header = ["| arm | runs | " + " | ".join(
+        f"{'all' if part == 'all' else part + '-call'}: mean +- 95% CI | {'all' if part == 'all' else part + '-call'}: "
+        "delta vs static (paired) +- 95% CI" for part in parts) + " | tasks added (2-call) | signals fired F / B / R |",
+        "|---|---|" + "---|---|" * len(parts) + "---|---|"]
+    lines = []
+    for arm, results in rows.items():
+        cells = []
+        for part in parts:
+            values = [v for v in (_value(r, part) for r in results) if v is not None]
+            if arm == "zero-shot" and values:
+                low, high = wilson(values[0] * heldout, heldout) if part == "all" else (float("nan"),) * 2
+                cells.append(f"{values[0]:.3f}" + (f" [{low:.3f}, {high:.3f}]" if part == "all" else ""))
+            else:
+                mean, half = t_interval(values) if values else (float("nan"), float("nan"))
+                cells.append(f"{mean:.3f} +- {half:.3f}" if len(values) > 1 else (f"{mean:.3f}" if values else "-"))
+            paired = [_value(r, part) - _value(static[r["seed"]], part) for r in results
+                      if r["seed"] in static and _value(r, part) is not None
+                      and _value(static[r["seed"]], part) is not None]
+            cells.append(_interval(paired) if arm not in ("static", "zero-shot") else "-")
+        added = statistics.mean(r["added"] for r in results)
+        added_two = statistics.mean(sum(n for calls, n in r["added_by_calls"].items() if int(calls) >= 2)
+                                    for r in results)
+        fired = " / ".join(str(sum(r["signals"][kind] for r in results)) for kind in SIGNALS)
+        lines.append(f"| {arm} | {len(results)} | " + " | ".join(cells) + f" | {added:.1f} ({added_two:.1f}) | {fired} |")
+    return "\n".join(header + lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--steps-per-iteration", type=int, default=3)
-    parser.add_argument("--heldout", type=int, default=40)
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--ablation-seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--arms", nargs="+", default=["zero-shot", *MAIN_ARMS, *ABLATIONS], choices=list(ARMS))
     parser.add_argument("--out", default=str(REPO / "runs" / "replicate"))
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (each gets cores / jobs torch threads)")
     parser.add_argument("--max-minutes", type=float, default=0,
                         help="start no new run after this many minutes (0: no limit); rerun to continue")
     parser.add_argument("--no-write", action="store_true")
-    parser.add_argument("--section", default="replicate",
-                        help="BENCHMARKS.md section to write (another name keeps an earlier table, e.g. other --steps)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    rows: dict[str, list[dict]] = {arm: [] for arm in args.arms}
-    skipped = 0
-    # Seed by seed, every arm of a seed before the next seed: an invocation stopped by --max-minutes (or killed)
-    # leaves complete paired comparisons behind, and the next invocation continues where it stopped.
-    for seed in args.seeds:
-        for arm in args.arms:
-            if arm == "zero-shot" and seed != args.seeds[0]:
-                continue  # greedy evaluation of the untrained model: one run stands for every seed
-            folder = out / f"{slug(arm)}-seed{seed}"
-            over_budget = args.max_minutes and (time.perf_counter() - started) / 60 > args.max_minutes
-            if over_budget and not (folder / "summary.json").exists():
-                skipped += 1
-                continue
-            result = run_arm(arm, seed, args.steps, args.heldout, out, args.steps_per_iteration)
-            rows[arm].append(result)
-            print(json.dumps(result), flush=True)
-    rows = {arm: results for arm, results in rows.items() if results}
+    runs = plan(args.settings, args.arms, args.seeds, args.ablation_seeds)
+    threads = max(1, (os.cpu_count() or 1) // max(1, args.jobs))
+
+    def attempt(run: Planned) -> bool:
+        finished = (out / run.name / "summary.json").exists()
+        if not finished and args.max_minutes and (time.perf_counter() - started) / 60 > args.max_minutes:
+            return False  # left for the next invocation
+        execute(run, out, threads)
+        print(json.dumps(result_of(run, out)), flush=True)
+        return True
+
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:  # threads wait on subprocesses
+        done = list(pool.map(attempt, runs))
+    finished = [run for run, ok in zip(runs, done) if ok]
+    pending = len(runs) - len(finished)
+    results = [result_of(run, out) for run in finished]
     total_minutes = (time.perf_counter() - started) / 60
-    static_after = {r["seed"]: r["after"] for r in rows.get("static", [])}
-    table = ["| arm | runs | held-out success after (mean +- 95% CI) | per seed | delta vs static (paired mean) | "
-             "tasks added (mean) | feedback share | signals fired (forgetting / boundary / rare, total) | "
-             "paper, BFCL (Qwen3-4B) |", "|---|---|---|---|---|---|---|---|---|"]
-    for arm, results in rows.items():
-        afters = [r["after"] for r in results]
-        if arm == "zero-shot":
-            low, high = wilson(afters[0] * args.heldout, args.heldout)
-            interval = f"{afters[0]:.3f} [{low:.3f}, {high:.3f}] (Wilson, tasks)"
-        else:
-            mean, half = t_interval(afters)
-            interval = f"{mean:.3f} +- {half:.3f}" if len(afters) > 1 else f"{mean:.3f} (one seed: no interval)"
-        paired = [r["after"] - static_after[r["seed"]] for r in results if r["seed"] in static_after]
-        delta = f"{statistics.mean(paired):+.3f}" if paired and arm not in ("static", "zero-shot") else "-"
-        signals = {kind: sum(r["signals"][kind] for r in results) for kind in ("forgetting", "boundary", "rare")}
-        table.append(
-            f"| {arm} | {len(results)} | {interval} | {', '.join(f'{a:.3f}' for a in afters)} | {delta} | "
-            f"{statistics.mean(r['added'] for r in results):.1f} | "
-            f"{statistics.mean(r['feedback_share'] for r in results):.2%} | "
-            f"{signals['forgetting']} / {signals['boundary']} / {signals['rare']} | {PAPER_BFCL.get(arm, '-')} |")
-    before = rows[next(iter(rows))][0]["before"]
-    training = [r["seconds"] for arm, results in rows.items() if arm != "zero-shot" for r in results]
-    zero_seconds = sum(r["seconds"] for r in rows.get("zero-shot", []))
-    run_minutes = (sum(training) + zero_seconds) / 60
-    per_run = statistics.mean(training) if training else float("nan")
-    fired = {kind: sum(r["signals"][kind] for r in rows.get("coevolve", [])) for kind in ("forgetting", "boundary",
-                                                                                          "rare")}
-    silent = [kind for kind, count in fired.items() if f"coevolve w/o {kind}" in rows and count == 0]
-    if silent and "coevolve" in rows:
-        # Same seed, same settings, and the dropped signal never fired: the ablation cannot differ from coevolve.
-        table += ["", f"The coevolve runs never raised {' or '.join(silent)} signals, so coevolve without "
-                  f"{'/'.join(silent)} ran the same loop (same seeds: same results); these rows test nothing at "
-                  "this budget."]
-    text = "\n".join(table)
+    sections = []
+    for setting in args.settings:
+        rows: dict[str, list[dict]] = {}
+        for result in results:
+            if result["setting"] == setting:
+                rows.setdefault(result["arm"], []).append(result)
+        if not rows:
+            continue
+        heldout = max(r["heldout_tasks"] for rs in rows.values() for r in rs)
+        seconds = [r["seconds"] for arm, rs in rows.items() if arm != "zero-shot" for r in rs]
+        sections.append(f"### Setting `{setting}`\n\n" + setting_table(rows, heldout) + (
+            f"\n\n{len(seconds)} training runs, {statistics.mean(seconds):.0f} s each on average." if seconds else ""))
+    text = "\n\n".join(sections)
     print(text)
     if args.no_write:
         return
-    import yaml
+    write_section("replicate-shift", f"""
+## Replication: coevolve vs plain GRPO on a coverage shift (`bench/replicate.py`)
 
-    quickstart = yaml.safe_load(CONFIG.read_text())
-    prompt = (f"{quickstart['model']['demos']} worked examples ({quickstart['model'].get('demo_choice', 'first-tool')}), "
-              f"reward {quickstart['grpo'].get('reward', 'env')}")
-    extra = (f" --arms {' '.join(repr(arm) if ' ' in arm else arm for arm in args.arms)}"
-             if args.arms != list(ARMS) else "") + (f" --section {args.section}" if args.section != "replicate" else "")
-    write_section(args.section, f"""
-## Replication of the paper's ablation at small scale, {args.steps} GRPO steps (`bench/replicate.py`)
+Question: at equal rollout budget, does CoEvolve beat GRPO on the static D_0, above all on held-out tasks D_0
+does not cover (setting `shift`: D_0 one-call only, held-out 2-call part), and does each signal matter?
 
-Question: does the paper's ordering (zero-shot < static GRPO < + synthetic < + random exploration < + feedback,
-forgetting the most valuable signal) hold for SmolLM2-135M on BFCL-lite at equal rollout budget? Baseline:
-the static arm, same seed (paired).
-
-Command: `python bench/replicate.py --seeds {' '.join(map(str, args.seeds))} --steps {args.steps}
---steps-per-iteration {args.steps_per_iteration} --heldout {args.heldout}{extra}`. Machine: {machine_line()}. Config:
-`configs/quickstart.yaml` ({prompt}) with `run.max_steps={args.steps}`, `loop.steps_per_iteration={args.steps_per_iteration}`,
-`loop.eval_limit={args.heldout}` and the arm's overrides (bench/replicate.py `ARMS`). Held-out success before
-training: {before:.3f} (greedy, the same in every run). Wall time of this invocation: {total_minutes:.0f} minutes
-(finished runs are read back, not rerun). The runs in the table took {run_minutes:.0f} minutes in all ({per_run:.0f} s per
-training run on average; the zero-shot evaluation {zero_seconds:.0f} s).{f' Runs not yet done: {skipped} (stopped by --max-minutes; rerun the command to continue).' if skipped else ''}
+Command: `python bench/replicate.py --settings {' '.join(args.settings)} --seeds {' '.join(map(str, args.seeds))}
+--ablation-seeds {' '.join(map(str, args.ablation_seeds))} --jobs {args.jobs}`. Machine: {machine_line()}.
+Config: `configs/lite-shift.yaml` (12 GRPO steps of 4 tasks x K=4 in 3 iterations, SmolLM2-135M, 142 held-out
+tasks: 90 one-call, 52 two-call) with each arm's overrides (`ARMS`, `SETTINGS`). Wall time of this invocation:
+{total_minutes:.0f} minutes (finished runs are read back, not rerun).{f' Runs not yet done: {pending} (stopped by --max-minutes; rerun the command to continue).' if pending else ''}
 
 {text}
-
-The paper's rows are cumulative (+ synthetic data, + random exploration, + feedback) on Qwen3-4B after full
-training; its signal ablation is on the AppWorld/BFCL average (49.36 -> 45.18 w/o forgetting, 47.17 w/o
-boundary, 47.21 w/o rare). Intervals over 3 seeds use t = 4.30: an ordering is only shown where intervals
-separate.
 """)
 
 

@@ -216,8 +216,15 @@ class LoopSection:
     eval_category: str | None = None
     eval_limit: int | None = 40
     """Held-out tasks evaluated (the first N of the split: a fixed set, never trained on)."""
+    eval_before_training: bool = True
+    """Evaluate the held-out set before training (iteration 0). Runs that share a base model share that figure:
+    bench/replicate.py evaluates it once per setting (its zero-shot arm) and turns it off in the training arms."""
     synthetic_fraction: float | None = BatchMix.synthetic_fraction
     """Share of synthetic tasks in each iteration's sample of D_t (None: sample D_t as a whole)."""
+    recur_fraction: float = 0.0
+    """Share of each iteration's sample given to tasks solved (success rate >= signals.threshold) in one of the last
+    signals.window iterations: recurring tasks give forgetting a history H_recent to compare with. Same rollout
+    budget (they take slots of the sample); the cost is fewer distinct tasks per iteration."""
     synthetic_contexts: int = 16
     """Mode synthetic: exploration contexts (random tasks of D_0) of the one synthesis pass before training."""
 
@@ -235,7 +242,7 @@ class SynthesisSection:
     """Calls per exploration episode."""
     episodes_per_context: int = ExploreConfig.episodes_per_context
     max_contexts: int = 16
-    """Signal events explored per iteration (forgetting first, then boundary, then rare)."""
+    """Signal events explored per iteration (the kinds take turns: forgetting, boundary, rare, forgetting, ...)."""
     time_budget_seconds: float | None = None
     """Wall-clock cap of one synthesis phase; what is left when it runs out is skipped and counted."""
     focus_weight: float = ExploreConfig.focus_weight
@@ -321,6 +328,7 @@ RANGES = {
     "loop.steps_per_iteration": ">= 1", "loop.eval_every": ">= 0", "loop.eval_limit": ">= 1",
     "loop.synthetic_fraction": "[0, 1]", "loop.synthetic_contexts": ">= 0",
     "signals.window": ">= 0", "signals.threshold": "[0, 1]", "signals.theta_percent": "[0, 100]",
+    "signals.rare_below": ">= 1", "loop.recur_fraction": "[0, 1]",
     "synthesis.step_budget": ">= 1", "synthesis.episodes_per_context": ">= 1", "synthesis.max_contexts": ">= 0",
     "synthesis.time_budget_seconds": ">= 0", "synthesis.focus_weight": "[0, 1]", "synthesis.max_solution_calls": ">= 1",
     "synthesis.dedup_threshold": "(0, 1]", "synthesis.max_call_chars": ">= 1", "synthesis.llm_timeout_seconds": "> 0",
@@ -332,7 +340,7 @@ _RANGE = re.compile(r"^(?:(>=|>) (-?[\d.]+)|([\[(])(-?[\d.]+), (-?[\d.]+)([\])])
 
 
 def _check_range(key: str, value: Any, spec: str) -> None:
-    if value is None:
+    if value is None or isinstance(value, str):  # None or a named choice (`signals.theta_percent: auto`)
         return
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{key}: {value!r} is not a finite number")

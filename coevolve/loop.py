@@ -43,15 +43,18 @@ Where this departs from the paper (the one list; the modules named say more):
 2. The signals read exactly the rollouts the trainer learned from in the iteration (no extra rollouts); a task's
    success rate s_now is the mean over its rollouts in the iteration (`coevolve.signals`, which also pins down W, θ
    and the action patterns the paper leaves open).
-3. When the signals flag more tasks than `synthesis.max_contexts`, forgetting goes first, then boundary, then
-   rare (the paper finds forgetting the most valuable; it does not say how it caps).
+3. When the signals flag more tasks than `synthesis.max_contexts`, the kinds take turns (forgetting, boundary,
+   rare, forgetting, ...) so each kind that fired is explored (the paper does not say how it caps).
 4. The offline default explores without an LLM (`OfflineExplorer`) and abstracts with templates
    (`TemplateAbstractor`); the paper uses an LLM for both (`synthesis.explorer: policy | llm`,
    `synthesis.abstractor: llm`).
 5. Several groups per step are normalised by the step's token count (TRL's `dapo`), where the paper's J(θ) is
    per group (`coevolve.train`); held-out evaluation is greedy, one episode per task.
 6. Admitted tasks join the pool for the next iteration's sample, drawn uniformly from D_t (`loop.synthetic_fraction`
-   sets a share); the paper does not say how D_t is sampled.
+   sets a share); the paper does not say how D_t is sampled. `loop.recur_fraction` gives a share of the sample to
+   recently solved tasks: forgetting compares a task's rate with its own history, which a uniform sample of a
+   pool hundreds of tasks large gives almost no task (at 16 tasks an iteration, forgetting fired once in all the
+   earlier CPU runs).
 
 The run directory:
     config.yaml          the resolved config
@@ -79,9 +82,10 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -89,7 +93,7 @@ from coevolve.config import Config
 from coevolve.envs.base import Env
 from coevolve.explore import random_contexts
 from coevolve.jsonl import JsonLines, atomic_write_text
-from coevolve.pool import BatchMix, TaskPool
+from coevolve.pool import BatchMix, TaskPool, recently_solved
 from coevolve.records import SIGNAL_KINDS, ExplorationContext, Task, Trajectory
 from coevolve.report import write_report
 from coevolve.run_setup import (CHECKPOINT_CONFIG, METRICS, build_env, build_eval, build_renderer, check_processes,
@@ -128,6 +132,12 @@ class IterationMetrics:
     """Wall seconds per phase: train, signals, synthesis, eval."""
     feedback_share: float
     """(signals + synthesis) / (train + signals + synthesis + eval) seconds: the paper's "feedback" cost."""
+    heldout_by_calls: Mapping[str, float] = field(default_factory=dict)
+    """Held-out success by the number of calls in the task's ground truth ("1", "2", ...): the coverage-shift
+    setting's shifted part (tasks longer than any in D_0) and the rest, apart."""
+    patterns: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    """`SignalReport.pattern_summary()`: per n-gram size, the action patterns seen (total, distinct), the rare ones
+    and the θ that decided it."""
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(asdict(self)))
@@ -172,17 +182,29 @@ def coevolve_iteration(run: "Run", t: int) -> IterationMetrics | None:
 
 def evaluate_before_training(run: "Run") -> IterationMetrics | None:
     """Iteration 0: the policy before any GRPO step, on the held-out set; D_0's size."""
-    timer = PhaseTimer()
-    with timer("eval"):
-        heldout = evaluate_heldout(run, 0)
+    timer, heldout = PhaseTimer(), None
+    if run.config.loop.eval_before_training or run.config.run.mode == "zero-shot":
+        with timer("eval"):
+            heldout = evaluate_heldout(run, 0)
     return record_iteration(run, 0, [], None, None, heldout, timer.seconds) if run.is_main else None
 
 
 def sample_tasks(run: "Run", t: int) -> list[Task]:
-    """1. The tasks of iteration t's slots: a seeded sample of D_{t-1} (the same on every resume)."""
-    mix = BatchMix(synthetic_fraction=run.config.loop.synthetic_fraction)
-    drawn = run.pool.sample(t - 1, run.slots, rng_seed=run.config.run.seed * 7_919 + t, config=mix)
-    return drawn or run.pool.tasks_at(t - 1)
+    """1. The tasks of iteration t's slots: a seeded sample of D_{t-1} (the same on every resume). A share
+    (`loop.recur_fraction`) goes to tasks solved in one of their last W iterations, so that forgetting can fire."""
+    loop, signals, seed = run.config.loop, run.config.signals, run.config.run.seed * 7_919 + t
+    rng = random.Random(seed)
+    recurring_ids = recently_solved(run.pool.histories(before=t, window=signals.window), signals.threshold,
+                                    round(loop.recur_fraction * run.slots), rng) if loop.recur_fraction else []
+    by_id = {task.id: task for task in run.pool.tasks_at(t - 1)} if recurring_ids else {}
+    recurring = [by_id[task_id] for task_id in recurring_ids if task_id in by_id]
+    drawn = run.pool.sample(t - 1, run.slots - len(recurring), rng_seed=seed,
+                            config=BatchMix(synthetic_fraction=loop.synthetic_fraction),
+                            weights=dict.fromkeys(recurring_ids, 0.0))  # weight 0: not drawn twice
+    tasks = recurring + drawn
+    if recurring:
+        rng.shuffle(tasks)  # recurring tasks spread over the iteration's steps, not all in its first
+    return tasks or run.pool.tasks_at(t - 1)
 
 
 def grpo_steps(run: "Run", t: int, tasks: Sequence[Task]) -> list[Trajectory]:
@@ -269,7 +291,15 @@ def admit(run: "Run", t: int, contexts: Sequence[ExplorationContext], explored: 
     return result
 
 
-def evaluate_heldout(run: "Run", t: int) -> float | None:
+@dataclass(frozen=True)
+class Heldout:
+    """One held-out evaluation: greedy success over all tasks and by the number of ground-truth calls."""
+
+    success: float
+    by_calls: Mapping[str, float]
+
+
+def evaluate_heldout(run: "Run", t: int) -> Heldout | None:
     """9. Greedy success on the held-out tasks, every `loop.eval_every` iterations and after the last. With several
     processes each evaluates every N-th task and the main process gathers the results."""
     every = run.config.loop.eval_every
@@ -288,7 +318,10 @@ def evaluate_heldout(run: "Run", t: int) -> float | None:
                                            disable=not run.is_main) as bar:
         report, batch = evaluate_model(run.eval_env, shard, backend, run.renderer, greedy, "model",
                                        progress=lambda finished, total: bar.update(finished - bar.n))
+    truths = {task.id: [call for turn in task.ground_truth for call in turn] for task in shard}
     rows = [{"iteration": t, "task_id": trajectory.task_id, "name": result.name, "success": result.score.success,
+             "truth_calls": len(truths[trajectory.task_id]),
+             "truth_tools": [call.split("(", 1)[0].strip()[:60] for call in truths[trajectory.task_id]],
              "reason": (result.score.reasons or ("",))[0][:300],
              "calls": [step.action[:200] for step in trajectory.steps]}
             for result, trajectory in zip(report.results, batch.trajectories)]
@@ -297,17 +330,20 @@ def evaluate_heldout(run: "Run", t: int) -> float | None:
     if run.is_main:  # per task, so the report can say which tasks training fixed and which it broke
         run.heldout_log.rewrite(lambda row: row.get("iteration") != t)
         run.heldout_log.extend(rows)
-    if process.num_processes == 1:
-        return report.accuracy
-    return sum(row["success"] for row in rows) / len(rows) if rows else 0.0
+    by_calls: dict[str, list[bool]] = {}
+    for row in rows:
+        by_calls.setdefault(str(row["truth_calls"]), []).append(row["success"])
+    return Heldout(sum(row["success"] for row in rows) / len(rows) if rows else 0.0,
+                   {calls: sum(found) / len(found) for calls, found in sorted(by_calls.items(), key=lambda kv: int(kv[0]))})
 
 
 def record_iteration(run: "Run", t: int, trajectories: Sequence[Trajectory], report: SignalReport | None,
-                     synthesis: SynthesisResult | None, heldout: float | None,
+                     synthesis: SynthesisResult | None, evaluated: Heldout | None,
                      seconds: Mapping[str, float]) -> IterationMetrics:
     """10. The iteration's line of metrics.jsonl: its commit point (a resume redoes an iteration without one)."""
     seconds = {phase: round(seconds.get(phase, 0.0), 3) for phase in ("train", "signals", "synthesis", "eval")}
     feedback = seconds["signals"] + seconds["synthesis"]
+    heldout = evaluated.success if evaluated is not None else None
     metrics = IterationMetrics(
         t, run.step_range(t) if t else None,
         sum(tr.score >= 1.0 for tr in trajectories) / len(trajectories) if trajectories else None, heldout,
@@ -316,14 +352,20 @@ def record_iteration(run: "Run", t: int, trajectories: Sequence[Trajectory], rep
         {cause: sum(1 for tr in trajectories if (tr.failure or "").startswith(cause + ":"))
          for cause in ("backend", "environment")}, seconds,
         round(feedback / max(1e-9, sum(seconds.values())), 4) if t else 0.0,
+        evaluated.by_calls if evaluated is not None else {},
+        report.pattern_summary() if report is not None else {},
     )
     run.metrics_log.append(metrics.to_dict())
     if t == 0:
         if heldout is not None:
-            run.say(f"before training: held-out success {heldout:.3f} on {len(run.eval_tasks)} tasks")
+            parts = ", ".join(f"{calls}-call {rate:.3f}" for calls, rate in metrics.heldout_by_calls.items())
+            run.say(f"before training: held-out success {heldout:.3f} on {len(run.eval_tasks)} tasks"
+                    + (f" ({parts})" if len(metrics.heldout_by_calls) > 1 else ""))
         return metrics
-    run.say(f"iteration {t}: train success {metrics.train_success or 0:.2f}, held-out "
-            f"{'-' if heldout is None else f'{heldout:.3f}'}, signals {dict(metrics.signals)}, accepted "
+    shown = "-" if heldout is None else f"{heldout:.3f}" + (
+        " (" + ", ".join(f"{calls}-call {rate:.3f}" for calls, rate in metrics.heldout_by_calls.items()) + ")"
+        if len(metrics.heldout_by_calls) > 1 else "")
+    run.say(f"iteration {t}: train success {metrics.train_success or 0:.2f}, held-out {shown}, signals {dict(metrics.signals)}, accepted "
             f"{metrics.synthesis.get('accepted', 0)}, pool {metrics.pool['total']}, feedback share "
             f"{metrics.feedback_share:.1%}")
     return metrics
@@ -548,7 +590,7 @@ def _run(config: Config, directory: Path, process: Any, started: float, resume: 
             synthesize_before_training(state)
         process.wait_for_everyone()
         if not plan.baseline_done:
-            evaluate_before_training(state)
+            evaluate_before_training(state)  # iteration 0's line; without its evaluation under eval_before_training: false
         final = plan.checkpoint_step
         if config.run.mode != "zero-shot":
             if plan.first_iteration > state.iterations:

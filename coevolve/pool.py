@@ -428,6 +428,15 @@ class TaskPool:
         return {task_id: list(map(itemgetter(1), group)) for task_id, group in groupby(rows, itemgetter(0))}
 
 
+def recently_solved(histories: Mapping[str, Sequence[float]], threshold: float, count: int,
+                    rng: random.Random) -> list[str]:
+    """Up to `count` ids of tasks whose history holds a success rate >= `threshold`, drawn without replacement by
+    `rng` from the sorted ids (so the seed alone decides): the recurring part of an iteration's sample
+    (`loop.recur_fraction`), which gives the forgetting signal a history to compare with."""
+    solved = sorted(task_id for task_id, rates in histories.items() if any(rate >= threshold for rate in rates))
+    return rng.sample(solved, min(max(count, 0), len(solved)))
+
+
 def _check_task(task: Task) -> None:
     p = task.provenance
     if p.source not in TASK_SOURCES:

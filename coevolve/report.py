@@ -92,8 +92,11 @@ def lineage_table(rows: Sequence[Mapping[str, Any]]) -> str:
                  ", ".join(row.get("trajectory_ids", [])[:4]), row.get("episode_id"), row.get("query"),
                  "\n".join(row.get("solution", [])), verdict, row.get("task_id") or "")
         status = "accepted" if row.get("accepted") else "rejected"
-        lines.append(f'<tr class="{status}">' + "".join(
-            f"<td>{html.escape('' if cell is None else str(cell))}</td>" for cell in cells) + "</tr>")
+        texts = [f"<td>{html.escape('' if cell is None else str(cell))}</td>" for cell in cells]
+        if row.get("parent_task_id"):  # to the parent's rollouts, further down
+            parent = html.escape(str(row["parent_task_id"]))
+            texts[2] = f'<td><a href="#task-{parent}">{parent}</a></td>'
+        lines.append(f'<tr class="{status}">' + "".join(texts) + "</tr>")
     return ('<label><input type="checkbox" id="only-accepted"> accepted only</label>'
             f' <span id="shown">{len(rows)}</span> of {len(rows)} candidates'
             '<table id="lineage"><thead><tr>' + "".join(f"<th>{h}</th>" for h in head) + "</tr></thead><tbody>"
@@ -127,7 +130,8 @@ pre { background: #f6f6f6; padding: 8px; font-size: 12px; max-height: 320px; ove
 NUMBER = (int, float)
 METRIC_FIELDS: dict[str, tuple[type, ...]] = {
     "train_success": (*NUMBER, type(None)), "heldout_success": (*NUMBER, type(None)), "feedback_share": NUMBER,
-    "signals": (dict,), "pool": (dict,), "failures": (dict,), "seconds": (dict,), "synthesis": (dict,)}
+    "signals": (dict,), "pool": (dict,), "failures": (dict,), "seconds": (dict,), "synthesis": (dict,),
+    "heldout_by_calls": (dict,), "patterns": (dict,)}
 """What the plots read from a metrics line; a field of another type is left out with a warning."""
 LIST_FIELDS = ("trajectory_ids", "solution", "reasons")
 
@@ -158,7 +162,7 @@ def checked_metrics(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
                 warnings.append(f"{path.name}:{number}: {field} is {type(value).__name__}, not "
                                 f"{'/'.join(kind.__name__ for kind in kinds)}; left out")
                 del row[field]
-            elif isinstance(value, dict) and field != "synthesis":
+            elif isinstance(value, dict) and field not in ("synthesis", "patterns"):
                 bad = [key for key, item in value.items() if not isinstance(item, NUMBER) or isinstance(item, bool)]
                 if bad:
                     warnings.append(f"{path.name}:{number}: {field} has values that are not numbers ({bad[0]}); "
@@ -217,6 +221,95 @@ def changes_table(rows: Sequence[Mapping[str, Any]]) -> str:
             + "".join(lines) + "</tbody></table>")
 
 
+def _cell(value: Any) -> str:
+    return f"<td>{html.escape('' if value is None else str(value))}</td>"
+
+
+def tool_sequence(calls: Sequence[Any]) -> str:
+    """`cd > mkdir` for [cd(folder='a'), mkdir(dir_name='b')]: what a synthesized task and a held-out task share."""
+    return " > ".join(str(call).split("(", 1)[0].strip()[:60] for call in calls) or "(no call)"
+
+
+def signals_table(metrics: Sequence[Mapping[str, Any]]) -> str:
+    """Per iteration: the events of each kind, and per n-gram size the patterns seen (N), distinct, rare, and θ."""
+    lines = []
+    for m in metrics:
+        if not m["iteration"]:
+            continue
+        patterns = m.get("patterns") if isinstance(m.get("patterns"), dict) else {}
+        shown = "; ".join(
+            f"{size}-grams: N {row.get('total')}, {row.get('distinct')} distinct, {row.get('rare')} rare at θ "
+            f"{row.get('theta_percent', 0):.3g}%" for size, row in patterns.items() if isinstance(row, dict))
+        lines.append("<tr>" + _cell(m["iteration"]) + "".join(
+            _cell(m.get("signals", {}).get(kind, 0)) for kind in ("forgetting", "boundary", "rare"))
+            + _cell(shown or "-") + "</tr>")
+    head = ("iteration", "forgetting", "boundary", "rare", "action patterns (what decides rare)")
+    return ('<table id="signals"><thead><tr>' + "".join(f"<th>{h}</th>" for h in head) + "</tr></thead><tbody>"
+            + "".join(lines) + "</tbody></table>")
+
+
+def rollout_rows(directory: Path, task_ids: set[str], warnings: list[str]) -> dict[str, list[Mapping[str, Any]]]:
+    """Task id -> its training rollouts (every process's log), for the tasks asked for, in iteration order."""
+    found: dict[str, list[Mapping[str, Any]]] = {}
+    for path in sorted(directory.glob("rollouts*.jsonl")):
+        for _, row in _records(path, warnings):
+            if row.get("task_id") in task_ids:
+                found.setdefault(row["task_id"], []).append(row)
+    return {task: sorted(rows, key=lambda r: (r.get("iteration") or 0, str(r.get("id")))) for task, rows in found.items()}
+
+
+def _steps_text(row: Mapping[str, Any]) -> str:
+    steps = row.get("steps") if isinstance(row.get("steps"), list) else []
+    return "\n".join(f"{str(step.get('action', ''))[:120]} -> {str(step.get('observation', ''))[:120]}"
+                     for step in steps if isinstance(step, dict)) or "(no call)"
+
+
+def parent_rollouts_table(lineage: Sequence[Mapping[str, Any]], rollouts: Mapping[str, Sequence[Mapping[str, Any]]],
+                          limit: int = 40) -> str:
+    """The rollouts of each task a signal flagged (the lineage's parents), every iteration: calls -> observations
+    and score, so a candidate can be read beside what the agent did on its parent. The first `limit` parents."""
+    parents = list(dict.fromkeys(str(r.get("parent_task_id")) for r in lineage if r.get("parent_task_id")))
+    lines = []
+    for parent in parents[:limit]:
+        for index, row in enumerate(rollouts.get(parent, [])):
+            anchor = f' id="task-{html.escape(parent)}"' if index == 0 else ""
+            lines.append(f"<tr{anchor}>" + _cell(parent) + _cell(row.get("iteration")) + _cell(row.get("id"))
+                         + _cell(row.get("score")) + _cell(_steps_text(row))
+                         + _cell("; ".join(map(str, row.get("reasons") or []))[:300]) + "</tr>")
+    head = ("task", "iteration", "rollout", "score", "calls -> observations", "why it scored so")
+    more = f"<p>The first {limit} of {len(parents)} flagged tasks.</p>" if len(parents) > limit else ""
+    return (more + '<table id="parent-rollouts"><thead><tr>' + "".join(f"<th>{h}</th>" for h in head)
+            + "</tr></thead><tbody>" + "".join(lines) + "</tbody></table>")
+
+
+def coverage_table(lineage: Sequence[Mapping[str, Any]], heldout: Sequence[Mapping[str, Any]]) -> str:
+    """Synthesized tasks beside the held-out tasks they could help: grouped by tool sequence (`cd > mkdir`), the
+    accepted synthetic tasks (count, an example query) and the held-out tasks with that ground truth (count,
+    solved at the first and at the last evaluation)."""
+    iterations = sorted({r["iteration"] for r in heldout if isinstance(r.get("iteration"), int)})
+    first, last = (iterations[0], iterations[-1]) if iterations else (None, None)
+    groups: dict[str, dict[str, Any]] = {}
+    for row in lineage:
+        if row.get("accepted"):
+            group = groups.setdefault(tool_sequence(row.get("solution") or []), {"synthetic": [], "heldout": {}})
+            group["synthetic"].append(str(row.get("query") or ""))
+    for row in heldout:
+        if isinstance(row.get("truth_tools"), list) and row.get("iteration") in (first, last):
+            group = groups.setdefault(tool_sequence(row["truth_tools"]), {"synthetic": [], "heldout": {}})
+            group["heldout"].setdefault(row.get("task_id"), {})[row["iteration"]] = bool(row.get("success"))
+    lines = []
+    for sequence, group in sorted(groups.items(), key=lambda item: (-len(item[1]["heldout"]), item[0])):
+        tasks = group["heldout"].values()
+        solved = lambda at: sum(1 for by in tasks if by.get(at)) if at is not None else 0  # noqa: E731
+        lines.append("<tr>" + _cell(sequence) + _cell(len(group["synthetic"]))
+                     + _cell(group["synthetic"][0][:200] if group["synthetic"] else "") + _cell(len(tasks))
+                     + _cell(f"{solved(first)} -> {solved(last)}" if tasks else "") + "</tr>")
+    head = ("tool sequence", "synthesized (accepted)", "example query", "held-out tasks",
+            f"held-out solved, iteration {first} -> {last}")
+    return ('<table id="coverage"><thead><tr>' + "".join(f"<th>{h}</th>" for h in head) + "</tr></thead><tbody>"
+            + "".join(lines) + "</tbody></table>")
+
+
 def render(directory: str | Path, warnings: list[str] | None = None) -> str:
     """The page; what could not be read is listed at its top (and collected in `warnings`)."""
     directory = Path(directory)
@@ -234,13 +327,19 @@ def render(directory: str | Path, warnings: list[str] | None = None) -> str:
         warnings.append("summary.json: not a JSON object; left out")
     config = (directory / "config.yaml").read_text() if (directory / "config.yaml").exists() else ""
     labels = [m["iteration"] for m in metrics]
+    by_calls = sorted({calls for m in metrics if isinstance(m.get("heldout_by_calls"), dict)
+                       for calls in m["heldout_by_calls"]}, key=lambda calls: (len(calls), calls))
     kinds = ("forgetting", "boundary", "rare")
+    parents = {str(r.get("parent_task_id")) for r in lineage if r.get("parent_task_id")}
     phases = ("train", "signals", "synthesis", "eval")
     plots = [
         line_plot("Success rate", labels, {
             "train rollouts": [m.get("train_success") for m in metrics],
             "held-out": [m.get("heldout_success") for m in metrics]}, top=1.0),
         stacked_bars("Signals raised", labels, {k: [m.get("signals", {}).get(k, 0) for m in metrics] for k in kinds}),
+        *([line_plot("Held-out success by ground-truth calls", labels, {
+            f"{calls}-call": [m.get("heldout_by_calls", {}).get(calls) for m in metrics] for calls in by_calls},
+            top=1.0)] if len(by_calls) > 1 else []),
         stacked_bars("Pool D_t by source", labels, {
             source: [m.get("pool", {}).get(source, 0) for m in metrics] for source in ("seed", "synthetic")}),
         stacked_bars("Rollouts failed outside the agent", labels, {
@@ -258,8 +357,12 @@ def render(directory: str | Path, warnings: list[str] | None = None) -> str:
             f"<table class='summary'>{facts}</table>"
             f"<h2>Iterations</h2><div class='plots'>{''.join(plots)}</div>"
             f"<p>Feedback share of wall time per iteration: {html.escape(shares) or '-'}</p>"
+            f"<h2>Signals and action patterns per iteration</h2>{signals_table(metrics)}"
             f"<h2>Held-out tasks training fixed and broke</h2>{changes_table(heldout)}"
+            f"<h2>Synthesized tasks beside the held-out tasks</h2>{coverage_table(lineage, heldout)}"
             f"<h2>Synthesized tasks and their lineage</h2>{lineage_table(lineage)}"
+            f"<h2>The flagged tasks' rollouts, per iteration</h2>"
+            f"{parent_rollouts_table(lineage, rollout_rows(directory, parents, warnings))}"
             f"<h2>Resolved config</h2><pre>{html.escape(config)}</pre>"
             f"<script>{_SCRIPT}</script></body></html>")
 

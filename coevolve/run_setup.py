@@ -227,7 +227,8 @@ def check_processes(config: Config, num_processes: int, deepspeed: bool = False)
 
 
 def first_heldout(records: Sequence[dict[str, Any]]) -> float | None:
-    return next((r["heldout_success"] for r in records if r["heldout_success"] is not None), None)
+    """Before training: iteration 0's figure (None when `loop.eval_before_training` was off)."""
+    return next((r["heldout_success"] for r in records if r["iteration"] == 0), None)
 
 
 def last_heldout(records: Sequence[dict[str, Any]]) -> float | None:

@@ -21,6 +21,12 @@ Where this pins down or departs from the paper
    more numerous unigrams. `rare_patterns` itself takes one counts mapping, N = its sum, exactly as specified.
 3. θ is compared exactly as the decimal it is written as (`Fraction(str(θ))`): a pattern at exactly θ% (1 in 1000
    at θ = 0.1) is never rare, whatever binary floating point would round 0.1 / 100 to.
+   `theta_percent: auto` chooses θ from the iteration's own count, per n-gram size: θ_t = 100 · r / N_t with
+   r = `rare_below`, so that c_p / N_t < θ_t / 100 reads c_p < r — a pattern is rare when it occurs fewer than r
+   times in the iteration. Why: a fixed θ means a different thing at every scale. The paper's iterations see
+   thousands of patterns; a CPU iteration of 16 tasks x 4 rollouts sees ~80 unigrams, where θ = 1% asks for
+   c_p < 0.8, which no pattern that occurs at all can meet (rare never fired at that scale). The θ actually used
+   is in the report (`SignalReport.theta_percent`) and in metrics.jsonl (`patterns`).
 4. Which trajectories an event names: forgetting — the task's failed rollouts (s < τ; there is at least one since
    their mean is < τ), with `history_window` and `now`; boundary — all K rollouts (the contrast is the signal),
    with the success and failure counts; both carry `scores`, aligned with `trajectory_ids`. rare — one event per
@@ -40,7 +46,7 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Iterable, Iterator, Literal, Mapping, Sequence
 
 from coevolve.records import SIGNAL_KINDS, SignalEvent, Trajectory
 
@@ -76,7 +82,15 @@ def boundary(scores: Iterable[float], threshold: float = 0.5) -> bool:
     return any(score >= threshold for score in scores) and any(score < threshold for score in scores)
 
 
-def rare_patterns(counts: Mapping[str, int], theta_percent: float) -> set[str]:
+def auto_theta(total: int, rare_below: int) -> Fraction:
+    """θ (in percent, exact) for an iteration that saw `total` patterns of one size: 100 · rare_below / total, so a
+    pattern is rare exactly when it occurs fewer than `rare_below` times (note 3). 100 when nothing was seen."""
+    if isinstance(rare_below, bool) or not isinstance(rare_below, int) or rare_below < 1:
+        raise ValueError(f"rare_below must be a positive int, got {rare_below!r}")
+    return Fraction(100 * rare_below, total) if total > 0 else Fraction(100)
+
+
+def rare_patterns(counts: Mapping[str, int], theta_percent: float | Fraction) -> set[str]:
     """Patterns p with 0 < c_p / N < θ/100, N = sum of counts; compared exactly (see note 3 of the module)."""
     theta = _exact_fraction(theta_percent) / 100
     total = 0
@@ -100,7 +114,9 @@ def action_patterns(tool_names: Sequence[str], ngram_sizes: Sequence[int] = (1, 
     ]
 
 
-def _exact_fraction(value: float) -> Fraction:
+def _exact_fraction(value: float | Fraction) -> Fraction:
+    if isinstance(value, Fraction):
+        return value
     try:
         fraction = Fraction(str(value))  # the decimal as written: Fraction("0.1") == 1/10, Fraction(0.1) is not
     except (ValueError, ZeroDivisionError, OverflowError) as error:
@@ -121,8 +137,11 @@ class SignalConfig:
     """W: how many of the task's most recent earlier success rates form H_recent (0 disables forgetting)."""
     threshold: float = 0.5
     """τ: a score (or success rate) ≥ τ is a success, < τ a failure; the paper uses 0.5."""
-    theta_percent: float = 1.0
-    """θ: a pattern is rare when 0 < c_p / N < θ/100, i.e. under θ percent of its size's n-gram occurrences."""
+    theta_percent: float | Literal["auto"] = 1.0
+    """θ: a pattern is rare when 0 < c_p / N < θ/100, i.e. under θ percent of its size's n-gram occurrences.
+    `auto`: θ_t = 100 · rare_below / N_t, from the iteration's own count (note 3 of the module)."""
+    rare_below: int = 3
+    """With θ `auto`: a pattern is rare when it occurs fewer than this many times in the iteration."""
     ngram_sizes: tuple[int, ...] = (1, 2)
     """Action patterns are tool-name n-grams of these sizes (1 = single tools, 2 = consecutive pairs)."""
     enabled: tuple[str, ...] = SIGNAL_KINDS
@@ -133,8 +152,9 @@ class SignalConfig:
             raise ValueError(f"window must be a non-negative int, got {self.window!r}")
         if not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"threshold must lie in [0, 1], got {self.threshold!r}")
-        if not 0.0 <= float(_exact_fraction(self.theta_percent)) <= 100.0:
-            raise ValueError(f"theta_percent must lie in [0, 100], got {self.theta_percent!r}")
+        if self.theta_percent != "auto" and not 0.0 <= float(_exact_fraction(self.theta_percent)) <= 100.0:
+            raise ValueError(f"theta_percent must lie in [0, 100] or be 'auto', got {self.theta_percent!r}")
+        auto_theta(0, self.rare_below)  # checks rare_below
         sizes = tuple(self.ngram_sizes)
         if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
             raise ValueError(f"ngram_sizes must be positive ints, got {self.ngram_sizes!r}")
@@ -159,9 +179,20 @@ class SignalReport:
     """Task id -> s_now (mean score this iteration): what the pool appends to each task's history."""
     pattern_counts: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
     """n-gram size -> pattern -> occurrences this iteration (empty when `rare` is disabled)."""
+    theta_percent: Mapping[int, float] = field(default_factory=dict)
+    """n-gram size -> the θ used this iteration (the configured one, or `auto`'s choice); empty without `rare`."""
+    rare: Mapping[int, frozenset[str]] = field(default_factory=dict)
+    """n-gram size -> the patterns found rare this iteration."""
 
     def count(self, kind: str) -> int:
         return sum(1 for event in self.events if event.kind == kind)
+
+    def pattern_summary(self) -> dict[str, dict[str, float | int]]:
+        """Per n-gram size: patterns seen (N, with repeats), distinct patterns, rare ones, and θ: what decided rare."""
+        return {str(size): {"total": sum(counts.values()), "distinct": len(counts),
+                            "rare": len(self.rare.get(size, ())),
+                            "theta_percent": self.theta_percent[size]}
+                for size, counts in self.pattern_counts.items()}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -213,6 +244,7 @@ def _extract(trajectories: Iterable[Trajectory], history: Mapping[str, Sequence[
     # rare: c_p and N are counted over the whole iteration, separately for each n-gram size (note 2).
     pattern_counts: dict[int, dict[str, int]] = {}
     rare_by_size: dict[int, set[str]] = {}
+    theta_by_size: dict[int, float] = {}
     frequency: dict[str, float] = {}
     if "rare" in enabled:
         for size in config.ngram_sizes:
@@ -221,8 +253,11 @@ def _extract(trajectories: Iterable[Trajectory], history: Mapping[str, Sequence[
                 for _, names in group:
                     counts.update(action_patterns(names, (size,)))
             pattern_counts[size] = dict(counts)
-            rare_by_size[size] = rare_patterns(counts, config.theta_percent)
             total = sum(counts.values())
+            theta = (auto_theta(total, config.rare_below) if config.theta_percent == "auto"
+                     else _exact_fraction(config.theta_percent))
+            theta_by_size[size] = float(theta)
+            rare_by_size[size] = rare_patterns(counts, theta)
             frequency.update((pattern, counts[pattern] / total) for pattern in rare_by_size[size])
 
     events: list[SignalEvent] = []
@@ -257,11 +292,13 @@ def _extract(trajectories: Iterable[Trajectory], history: Mapping[str, Sequence[
                     held.update(dict.fromkeys(patterns))
             if flagged:
                 events.append(SignalEvent("rare", task_id, iteration, tuple(flagged), {
-                    "theta_percent": config.theta_percent,
+                    "theta_percent": config.theta_percent if config.theta_percent != "auto" else {
+                        str(size): theta_by_size[size] for size in rare_by_size},
                     "frequencies": {pattern: frequency[pattern] for pattern in held},
                 }))
 
-    return SignalReport(iteration, tuple(events), success_rates, pattern_counts)
+    return SignalReport(iteration, tuple(events), success_rates, pattern_counts, theta_by_size,
+                        {size: frozenset(rare) for size, rare in rare_by_size.items()})
 
 
 def _rare_patterns_in(tool_names: tuple[str, ...], rare_by_size: Mapping[int, set[str]]) -> list[str]:

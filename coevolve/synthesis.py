@@ -12,8 +12,9 @@
 raises, an LLM endpoint that keeps failing or answers garbage, or a phase past its `time_budget_seconds`, makes
 the phase produce less, and every skipped item is counted by reason in `SynthesisResult.skipped`.
 
-Which events are explored when there are more than `max_contexts`: forgetting first, then boundary, then rare, each
-in the order the events came (the paper finds forgetting the most valuable signal; it does not say how it caps).
+Which events are explored when there are more than `max_contexts`: the kinds take turns (forgetting, boundary,
+rare, forgetting, ...), each kind's events in the order they came (the paper does not say how it caps; strict
+priority let the always-numerous boundary events crowd rare out, so that "without rare" explored the same).
 """
 
 from __future__ import annotations
@@ -103,9 +104,13 @@ class SynthesisResult:
 
 def signal_contexts(events: Sequence[SignalEvent], tasks: Mapping[str, Task], trajectories: Mapping[str, Trajectory],
                     max_contexts: int) -> list[ExplorationContext]:
-    """One context per event whose task is known, forgetting first, then boundary, then rare, at most `max_contexts`."""
-    rank = {kind: index for index, kind in enumerate(SIGNAL_KINDS)}
-    ordered = sorted((e for e in events if e.task_id in tasks), key=lambda e: rank[e.kind])  # stable: keeps order
+    """One context per event whose task is known, at most `max_contexts`: the kinds take turns (forgetting,
+    boundary, rare, forgetting, ...), each kind's events in their order, so that a cap never leaves a kind that
+    fired unexplored (boundary events alone would fill it at every iteration: most groups of a learning policy
+    are mixed) and a signal ablation changes what is explored."""
+    by_kind = {kind: [e for e in events if e.kind == kind and e.task_id in tasks] for kind in SIGNAL_KINDS}
+    ordered = [queue[turn] for turn in range(max((len(q) for q in by_kind.values()), default=0))
+               for queue in by_kind.values() if turn < len(queue)]
     return [build_context(event, tasks[event.task_id], trajectories) for event in ordered[:max_contexts]]
 
 

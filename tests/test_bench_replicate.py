@@ -1,8 +1,11 @@
-"""The replication driver's statistics (bench/replicate.py), checked against hand-computed intervals."""
+"""The replication driver (bench/replicate.py): its statistics against hand-computed intervals, its run order,
+its configs, and how it reads finished runs back without training."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,7 @@ import pytest
 SPEC = importlib.util.spec_from_file_location(
     "replicate", Path(__file__).resolve().parent.parent / "bench" / "replicate.py")
 replicate = importlib.util.module_from_spec(SPEC)
+sys.modules["replicate"] = replicate  # dataclasses look their module up there
 SPEC.loader.exec_module(replicate)
 
 
@@ -27,79 +31,86 @@ def test_wilson_interval_by_hand():
     assert replicate.wilson(0, 0) == (0.0, 0.0)
 
 
-def test_every_arm_is_a_valid_config():
+def test_every_arm_of_every_setting_is_a_valid_config():
     from coevolve.config import load_config
 
-    for arm, overrides in replicate.ARMS.items():
-        config = load_config(str(replicate.CONFIG), [*overrides, "run.max_steps=8"])
-        assert config.run.mode == arm.split(" ")[0], arm
-    assert load_config(str(replicate.CONFIG), replicate.ARMS["coevolve w/o forgetting"]).signals.enabled == (
-        "boundary", "rare")
+    for setting in replicate.SETTINGS:
+        for arm in replicate.ARMS:
+            run = replicate.Planned(setting, arm, 3)
+            config = load_config(str(replicate.SETTINGS[setting][0]), run.overrides())
+            assert config.run.mode == arm.split(" ")[0] and config.run.seed == 3, arm
+            assert config.loop.eval_before_training == (arm == "zero-shot")  # zero-shot is the "before" figure
+    shift = load_config(str(replicate.CONFIG), replicate.Planned("shift", "coevolve w/o forgetting", 0).overrides())
+    iid = load_config(str(replicate.CONFIG), replicate.Planned("iid", "static", 0).overrides())
+    assert shift.signals.enabled == ("boundary", "rare") and shift.env.options["train_max_calls"] == 1
+    assert "train_max_calls" not in iid.env.options and iid.env.options["num_tasks"] == shift.env.options["num_tasks"]
 
 
-def _finished_run(folder: Path, before: float, after: float, added: int) -> None:
-    import json
+def test_the_plan_puts_the_headline_comparison_first():
+    runs = replicate.plan(["shift", "iid"], ["zero-shot", "static", "coevolve", "random", "coevolve w/o rare"],
+                          [0, 1], [0])
+    names = [run.name for run in runs]
+    assert names[:5] == ["shift/zero-shot-seed0", "shift/static-seed0", "shift/coevolve-seed0",
+                         "shift/static-seed1", "shift/coevolve-seed1"]
+    assert names[5:8] == ["shift/random-seed0", "shift/random-seed1", "shift/coevolve-wo-rare-seed0"]
+    assert names[8] == "iid/zero-shot-seed0" and len(names) == 16 and len(set(names)) == 16
+
+
+def _finished_run(folder: Path, after: float, by_calls: dict, added_by_calls: dict, seconds: float = 10.0) -> None:
+    """A run folder as `coevolve train` leaves it, minus the weights: metrics, summary, held-out rows, a pool."""
+    from coevolve.pool import TaskPool
+    from coevolve.records import Task
 
     folder.mkdir(parents=True)
-    lines = [{"heldout_success": before, "signals": {"forgetting": 0, "boundary": 0, "rare": 0}},
-             {"heldout_success": after, "signals": {"forgetting": 2, "boundary": 1, "rare": 0}}]
+    lines = [{"iteration": 0, "heldout_success": None, "signals": {"forgetting": 0, "boundary": 0, "rare": 0}},
+             {"iteration": 1, "heldout_success": after, "heldout_by_calls": by_calls,
+              "signals": {"forgetting": 2, "boundary": 1, "rare": 3}}]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    (folder / "summary.json").write_text(json.dumps({"tasks_added": added, "feedback_share": 0.05}))
-    (folder / "bench-seconds.txt").write_text("10.0\n")
+    (folder / "summary.json").write_text(json.dumps({"tasks_added": sum(added_by_calls.values()),
+                                                     "feedback_share": 0.05}))
+    (folder / "heldout.jsonl").write_text("".join(json.dumps({"iteration": 1, "task_id": f"h{i}"}) + "\n"
+                                                  for i in range(4)))
+    (folder / "bench-seconds.txt").write_text(f"{seconds}\n")
     (folder / "checkpoints" / "checkpoint-6").mkdir(parents=True)
+    tasks = [Task.create("bfcl-lite", f"s{calls}-{i}", [[{"role": "user", "content": f"q{calls}-{i}"}]], {},
+                         [["ls()"] * int(calls)]) for calls, count in added_by_calls.items() for i in range(count)]
+    with TaskPool(folder / "pool.sqlite") as pool:
+        pool.add_tasks([Task.create("bfcl-lite", "seed", [[{"role": "user", "content": "q"}]], {}, [["ls()"]])], 0)
+        pool.start_iteration(1)
+        from dataclasses import replace
+
+        from coevolve.records import Provenance
+
+        pool.add_tasks([replace(t, provenance=Provenance(source="synthetic")) for t in tasks], 1)
 
 
 def test_finished_runs_are_read_back_and_paired_against_static(tmp_path, monkeypatch, capsys):
-    # Every run folder is finished, so no training starts (a subprocess would fail: no such config run here).
-    afters = {"static": [0.300, 0.250], "coevolve": [0.350, 0.325]}
+    # Every run folder is finished, so no training starts (a subprocess would fail here).
+    afters = {"static": [(0.300, {"1": 0.45, "2": 0.0}), (0.250, {"1": 0.40, "2": 0.0})],
+              "coevolve": [(0.350, {"1": 0.45, "2": 0.125}), (0.325, {"1": 0.40, "2": 0.125})]}
     for arm, values in afters.items():
-        for seed, after in enumerate(values):
-            _finished_run(tmp_path / f"{replicate.slug(arm)}-seed{seed}", 0.275, after, 3 if arm == "coevolve" else 0)
-    monkeypatch.setattr("sys.argv", ["replicate.py", "--seeds", "0", "1", "--arms", "static", "coevolve",
-                                     "--out", str(tmp_path), "--no-write"])
+        for seed, (after, by_calls) in enumerate(values):
+            _finished_run(tmp_path / "shift" / f"{replicate.slug(arm)}-seed{seed}", after, by_calls,
+                          {"1": 1, "2": 2} if arm == "coevolve" else {})
+    monkeypatch.setattr("sys.argv", ["replicate.py", "--settings", "shift", "--seeds", "0", "1", "--arms", "static",
+                                     "coevolve", "--out", str(tmp_path), "--no-write"])
     replicate.main()
     table = {line.split(" | ")[0].lstrip("| "): line for line in capsys.readouterr().out.splitlines()
              if line.startswith("| static") or line.startswith("| coevolve")}
-    # coevolve - static, paired by seed: (0.350 - 0.300 + 0.325 - 0.250) / 2 = +0.0625 -> "+0.062" or "+0.063"
-    assert " | +0.06" in table["coevolve"] and "0.350, 0.325" in table["coevolve"]
-    # two seeds: t(0.975, 1) = 12.706; sd of (0.300, 0.250) = 0.035355 -> half-width 12.706 x 0.035355 / sqrt 2
-    assert "0.275 +- 0.318" in table["static"] and "| - |" in table["static"]  # no delta of static against itself
-    assert "| 4 / 2 / 0 |" in table["coevolve"] and "| 3.0 |" in table["coevolve"] and "| 0.0 |" in table["static"]
-    assert not any(tmp_path.glob("*/checkpoints"))  # optimizer states go once a run is finished (disk space)
+    cells = table["coevolve"].split(" | ")
+    # all: coevolve - static paired = (0.05, 0.075): mean +0.0625, sd 0.017678, t(1) 12.706 -> +- 0.159
+    assert cells[3] == "+0.062 +- 0.159" or cells[3] == "+0.063 +- 0.159"
+    assert cells[5] == "+0.000 +- 0.000" and cells[7] == "+0.125 +- 0.000"  # 1-call same; 2-call +0.125 both seeds
+    assert cells[2] == "0.338 +- 0.159" and "| - |" in table["static"]  # no delta of static against itself
+    assert cells[8] == "3.0 (2.0)" and cells[9].startswith("4 / 2 / 6")  # tasks added (2-call); signals summed
+    assert not any(tmp_path.glob("*/*/checkpoints"))  # optimizer states go once a run is finished (disk space)
 
 
 def test_max_minutes_starts_no_new_run(tmp_path, monkeypatch, capsys):
-    _finished_run(tmp_path / "static-seed0", 0.275, 0.300, 0)
-    monkeypatch.setattr("sys.argv", ["replicate.py", "--seeds", "0", "--arms", "static", "coevolve", "--out",
-                                     str(tmp_path), "--no-write", "--max-minutes", "1e-9"])
+    _finished_run(tmp_path / "shift" / "static-seed0", 0.300, {"1": 0.5}, {})
+    monkeypatch.setattr("sys.argv", ["replicate.py", "--settings", "shift", "--seeds", "0", "--arms", "static",
+                                     "coevolve", "--out", str(tmp_path), "--no-write", "--max-minutes", "1e-9"])
     replicate.main()  # the coevolve run would start a training subprocess; over budget, it is left for the next call
     out = capsys.readouterr().out
     assert "| static | 1 |" in out and "| coevolve" not in out
-    assert not (tmp_path / "coevolve-seed0").exists()
-
-
-def test_a_run_folder_from_other_settings_is_refused_not_read_back(tmp_path, monkeypatch):
-    from coevolve.config import load_config, write_config
-
-    folder = tmp_path / "static-seed0"
-    _finished_run(folder, 0.275, 0.300, 0)
-    same = ["run.seed=0", "run.max_steps=6", "loop.eval_limit=40", "loop.steps_per_iteration=3", "run.mode=static"]
-    write_config(load_config(str(replicate.CONFIG), same), folder / "config.yaml")
-    assert replicate.run_arm("static", 0, 6, 40, tmp_path, 3)["after"] == 0.300  # same settings: read back
-    write_config(load_config(str(replicate.CONFIG), [*same, "grpo.reward=graded"]), folder / "config.yaml")
-    with pytest.raises(SystemExit, match="grpo.reward"):
-        replicate.run_arm("static", 0, 6, 40, tmp_path, 3)
-    with pytest.raises(SystemExit, match="run.max_steps"):
-        replicate.run_arm("static", 0, 8, 40, tmp_path, 3)
-
-
-def test_the_section_names_the_runs_left_and_their_time(tmp_path, monkeypatch, capsys):
-    written = {}
-    _finished_run(tmp_path / "static-seed0", 0.275, 0.300, 0)
-    monkeypatch.setattr(replicate, "write_section", lambda name, text: written.update({name: text}))
-    monkeypatch.setattr("sys.argv", ["replicate.py", "--seeds", "0", "--arms", "static", "coevolve", "--out",
-                                     str(tmp_path), "--max-minutes", "1e-9"])
-    replicate.main()
-    text = written["replicate"]
-    assert "Runs not yet done: 1" in text and "10 s per\ntraining run" in text
-    assert "| static | 1 | 0.300 (one seed: no interval) |" in text
+    assert not (tmp_path / "shift" / "coevolve-seed0").exists()

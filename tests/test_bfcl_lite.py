@@ -97,3 +97,21 @@ def test_split_of_uses_the_content_id():
     task = generate_tasks(LiteConfig(num_tasks=5))[0]
     expected = "test" if int(task.id, 16) < 0.25 * 16 ** 16 else "train"
     assert split_of(task, 0.25) == expected
+
+
+def test_coverage_shift_drops_two_call_tasks_from_train_only():
+    """train_max_calls = 1 (configs/lite-shift.yaml): D_0 holds only one-call tasks; the held-out split is the same
+    as without the option, two-call tasks included; options arrive flat, as `env.options` gives them."""
+    from coevolve.envs.bfcl_lite import BFCLLiteEnv
+
+    shifted_train = BFCLLiteEnv("train", num_tasks=200, train_max_calls=1).tasks()
+    plain_train = BFCLLiteEnv("train", num_tasks=200).tasks()
+    assert {t.meta["num_calls"] for t in shifted_train} == {1}
+    assert [t.id for t in shifted_train] == [t.id for t in plain_train if t.meta["num_calls"] == 1]
+    shifted_test = BFCLLiteEnv("test", num_tasks=200, train_max_calls=1).tasks()
+    assert [t.id for t in shifted_test] == [t.id for t in BFCLLiteEnv("test", num_tasks=200).tasks()]
+    assert {t.meta["num_calls"] for t in shifted_test} == {1, 2}
+    with pytest.raises(TypeError, match="unknown BFCL-lite option"):
+        BFCLLiteEnv("train", num_taks=200)
+    with pytest.raises(ValueError, match="train_max_calls"):
+        BFCLLiteEnv("train", max_calls=1, train_max_calls=2)

@@ -17,7 +17,7 @@ from support import ls_tasks, run_record, write_tasks
 
 REPO = Path(__file__).resolve().parent.parent
 FIELDS = {"iteration", "steps", "train_success", "heldout_success", "signals", "synthesis", "pool", "failures",
-          "seconds", "feedback_share"}
+          "seconds", "feedback_share", "heldout_by_calls", "patterns"}
 
 
 def settings(model_dir: Path, tasks_file: Path, mode: str, *extra: str) -> list[str]:
@@ -212,3 +212,28 @@ def test_the_console_shows_progress_and_the_loops_lines_not_the_libraries_chatte
         warnings.simplefilter("always")
         warnings.warn("after the run", UserWarning)
     assert caught and caught[0].message.args == ("after the run",)
+
+
+def test_recurring_tasks_auto_theta_and_no_baseline_eval(tmp_path, ls_policy_dir):
+    """loop.recur_fraction = 1: iteration 2's sample is made of tasks solved in iteration 1 (of 8, drawn 2 at a
+    time, so chance alone would rarely give that); θ auto is recorded per n-gram size; eval_before_training off
+    leaves iteration 0 without a held-out figure and the summary without a `before`."""
+    tasks_file = write_tasks(ls_tasks(8), tmp_path / "tasks.jsonl")
+    out = tmp_path / "recur"
+    run(None, settings(ls_policy_dir, tasks_file, "static", "loop.recur_fraction=1.0", "signals.theta_percent=auto",
+                       "signals.threshold=0.25", "loop.eval_before_training=false"), str(out), say=lambda text: None)
+    metrics = read_jsonl(out / "metrics.jsonl")
+    samples = {row["iteration"]: row["task_ids"] for row in read_jsonl(out / "samples.jsonl")}
+    with TaskPool(out / "pool.sqlite") as pool:
+        solved = {task_id for task_id in samples[1] if pool.history(task_id)[0] >= 0.25}  # 1 of K=4 at temperature 1
+    assert solved, "the ls policy solved none of iteration 1's ls tasks"
+    # 2 slots: both go to solved tasks when there are two, else the one solved task recurs beside a drawn one
+    assert set(samples[2]) <= solved if len(solved) >= 2 else solved <= set(samples[2])
+    assert metrics[0]["heldout_success"] is None and metrics[-1]["heldout_success"] is not None
+    assert json.loads((out / "summary.json").read_text())["heldout_before"] is None
+    unigrams = metrics[1]["patterns"]["1"]
+    assert unigrams["theta_percent"] == pytest.approx(100 * 3 / unigrams["total"])
+    rows = [r for r in read_jsonl(out / "heldout.jsonl") if r["iteration"] == metrics[-1]["iteration"]]
+    groups = {str(calls): [r["success"] for r in rows if r["truth_calls"] == calls] for calls in {r["truth_calls"] for r in rows}}
+    assert metrics[-1]["heldout_by_calls"] == {calls: sum(found) / len(found) for calls, found in groups.items()}
+    assert len(groups) == 2  # BFCL-lite's first 4 held-out tasks hold one- and two-call tasks

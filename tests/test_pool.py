@@ -403,3 +403,17 @@ def test_all_bfcl_seed_tasks_are_admitted_as_distinct(pool):
     seeds = [task for category in CATEGORIES for task in load_tasks(category)]
     result = pool.add_tasks(seeds, 0)
     assert len(result.admitted) == 800 and result.refused == ()
+
+
+def test_recently_solved_draws_only_tasks_with_a_success_in_their_history():
+    import random
+
+    from coevolve.pool import recently_solved
+
+    histories = {"a": [0.0, 0.75], "b": [0.25], "c": [0.5, 0.0], "d": []}
+    assert sorted(recently_solved(histories, 0.5, 10, random.Random(0))) == ["a", "c"]  # c counts: 0.5 >= τ
+    assert len(recently_solved(histories, 0.5, 1, random.Random(0))) == 1
+    assert recently_solved(histories, 0.5, 1, random.Random(3)) == recently_solved(dict(reversed(histories.items())),
+                                                                                  0.5, 1, random.Random(3))
+    assert recently_solved(histories, 0.9, 5, random.Random(0)) == [] and recently_solved(histories, 0.5, 0,
+                                                                                          random.Random(0)) == []

@@ -119,3 +119,31 @@ def test_the_report_says_which_held_out_tasks_training_fixed_and_which_it_broke(
     assert "From iteration 0 to 2: 1 held-out tasks fixed, 1 broken." in page
     assert page.count('<tr class="change-fixed">') == 1 and page.count('<tr class="change-broke">') == 1
     assert "rm(file_name=&#x27;x&#x27;)" in page and "(no call)" in page
+
+
+def test_the_report_sets_synthesized_tasks_beside_held_out_ones_and_shows_parents_rollouts(run_dir):
+    rows = [{"iteration": it, "task_id": task, "name": task, "success": ok, "truth_calls": len(tools),
+             "truth_tools": tools, "reason": "", "calls": []}
+            for it, task, tools, ok in ((0, "h1", ["cat"], False), (2, "h1", ["cat"], True),
+                                        (0, "h2", ["cd", "mkdir"], False), (2, "h2", ["cd", "mkdir"], False))]
+    (run_dir / "heldout.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    rollouts = [{"id": "p1-i1-s1-k0", "task_id": "p1", "iteration": 1, "score": 0.0, "reasons": ["state differs"],
+                 "steps": [{"action": "cat(file_name='b')", "observation": "{\"error\": \"no such file\"}"}]},
+                {"id": "zz-i1-s1-k0", "task_id": "zz", "iteration": 1, "score": 1.0, "steps": []}]
+    (run_dir / "rollouts.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rollouts))
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    metrics[2]["patterns"] = {"1": {"total": 40, "distinct": 5, "rare": 2, "theta_percent": 7.5}}
+    metrics[2]["heldout_by_calls"] = {"1": 0.5, "2": 0.0}
+    metrics[0]["heldout_by_calls"] = {"1": 0.25, "2": 0.0}
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    page = render(run_dir)
+    coverage = page.split('<table id="coverage">')[1].split("</table>")[0]
+    # `cat`: one accepted synthetic task (lineage row 1) and one held-out task, solved 0 -> 1; `cd > mkdir`: held-out only
+    assert "<tr><td>cat</td><td>1</td>" in coverage and "<td>0 -&gt; 1</td>" in coverage
+    assert "<tr><td>cd &gt; mkdir</td><td>0</td><td></td><td>1</td><td>0 -&gt; 0</td>" in coverage
+    parents = page.split('<table id="parent-rollouts">')[1].split("</table>")[0]
+    assert 'id="task-p1"' in parents and "cat(file_name=&#x27;b&#x27;) -&gt; {&quot;error&quot;" in parents
+    assert "zz-i1" not in parents  # not a flagged task
+    assert 'href="#task-p1"' in page  # the lineage row links to it
+    assert "1-grams: N 40, 5 distinct, 2 rare at θ 7.5%" in page
+    assert "Held-out success by ground-truth calls" in page

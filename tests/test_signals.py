@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
+from fractions import Fraction
 
 import pytest
 from hypothesis import given, settings
@@ -15,6 +16,7 @@ from coevolve.signals import (
     SignalConfig,
     SignalReport,
     action_patterns,
+    auto_theta,
     boundary,
     extract_signals,
     forgetting,
@@ -191,6 +193,32 @@ def test_extract_hand_worked_iteration():
     assert all(event.iteration == 4 for event in report.events)
 
 
+def test_auto_theta_is_the_count_over_the_total():
+    assert auto_theta(80, 3) == Fraction(15, 4)  # 3.75%: 2 of 80 is rare (2.5%), 3 of 80 is not (exactly 3.75%)
+    assert rare_patterns({"a": 2, "b": 3, "c": 75}, auto_theta(80, 3)) == {"a"}
+    assert auto_theta(0, 3) == 100
+    with pytest.raises(ValueError):
+        auto_theta(10, 0)
+
+
+def test_extract_auto_theta_from_the_iterations_own_counts():
+    """HAND_ROLLOUTS: unigrams ls 15, cd 4, mv 1 (N = 20); bigrams ls>cd 4, ls>mv 1 (N = 5). rare_below = 3:
+    θ_1 = 100 x 3/20 = 15% -> mv (1) rare, cd (4) not; θ_2 = 100 x 3/5 = 60% -> ls>mv (1) rare, ls>cd (4) not."""
+    config = SignalConfig(window=2, theta_percent="auto", rare_below=3)
+    report = extract_signals(trajectories(), HAND_HISTORY, config, iteration=4)
+    assert report.theta_percent == {1: 15.0, 2: 60.0}
+    assert report.rare == {1: frozenset({"mv"}), 2: frozenset({"ls > mv"})}
+    assert report.pattern_summary() == {
+        "1": {"total": 20, "distinct": 3, "rare": 1, "theta_percent": 15.0},
+        "2": {"total": 5, "distinct": 2, "rare": 1, "theta_percent": 60.0}}
+    rare = [e for e in report.events if e.kind == "rare"]
+    assert [(e.task_id, e.trajectory_ids) for e in rare] == [("B", ("B3",))]
+    assert rare[0].evidence == {"theta_percent": {"1": 15.0, "2": 60.0}, "frequencies": {"mv": 0.05, "ls > mv": 0.2}}
+    # rare_below = 5: cd's 4 occurrences are now rare too
+    wider = extract_signals(trajectories(), HAND_HISTORY, SignalConfig(theta_percent="auto", rare_below=5), 4)
+    assert wider.rare[1] == frozenset({"mv", "cd"})
+
+
 def test_extract_theta_above_a_pattern_frequency_flags_it():
     config = SignalConfig(window=2, theta_percent=25, ngram_sizes=(1,))  # now cd (20%) is rare too
     events = extract_signals(trajectories(), HAND_HISTORY, config, 4).events
@@ -315,7 +343,8 @@ def test_empty_iteration_has_no_signals():
 
 @pytest.mark.parametrize("fields", [
     {"window": -1}, {"threshold": 1.5}, {"theta_percent": 101}, {"theta_percent": -1}, {"ngram_sizes": ()},
-    {"ngram_sizes": (0,)}, {"ngram_sizes": (1, 1)}, {"enabled": ("boundary", "novelty")},
+    {"ngram_sizes": (0,)}, {"ngram_sizes": (1, 1)}, {"enabled": ("boundary", "novelty")}, {"rare_below": 0},
+    {"theta_percent": "sometimes"},
 ])
 def test_signal_config_refuses_bad_values(fields):
     with pytest.raises(ValueError):

@@ -48,8 +48,10 @@ def test_signals_from_real_rollouts_become_validated_tasks(iteration_one, tmp_pa
     assert {"boundary", "forgetting"} <= kinds, [e.kind for e in events]
     by_id = {task.id: task for task in tasks}
     contexts = signal_contexts(events, by_id, {t.id: t for t in trajectories}, max_contexts=16)
-    assert [c.signal for c in contexts] == sorted((c.signal for c in contexts),
-                                                  key=["forgetting", "boundary", "rare"].index)
+    signals = [c.signal for c in contexts]  # the kinds take turns: F, B, (R,) F, B, ... until a kind runs out
+    first_gap = {kind: signals.index(kind) for kind in set(signals)}
+    assert sorted(first_gap.values()) == list(range(len(first_gap))), signals
+    assert signals[0] == "forgetting" and signals[1] == "boundary", signals
     pool_tasks = env.tasks()
     with TaskPool(tmp_path / "pool.sqlite") as pool:
         pool.add_tasks(pool_tasks, iteration=0)
@@ -170,3 +172,18 @@ def test_old_keys_work_for_one_release_with_a_warning_naming_the_new_key():
         assert load_config(None, ["loop.signals=[rare]"]).signals.enabled == ("rare",)
     with pytest.raises(ConfigError, match=r"loop\.window and signals\.window"):
         load_config(None, ["loop.window=2", "signals.window=4"])
+
+
+def test_capped_contexts_take_turns_by_kind():
+    """A cap never leaves a kind that fired unexplored: with 5 boundary events, 1 rare and 1 forgetting and room
+    for 3, each kind gets one (strict priority gave forgetting + 2 boundary, and rare nothing)."""
+    from coevolve.records import SignalEvent, Task
+
+    tasks = [Task.create("bfcl-lite", f"t{i}", [[{"role": "user", "content": f"q{i}"}]], {}, [["ls()"]])
+             for i in range(7)]
+    kinds = ["boundary"] * 5 + ["rare", "forgetting"]
+    events = [SignalEvent(kind, task.id, 1, (), {}) for kind, task in zip(kinds, tasks)]
+    by_id = {task.id: task for task in tasks}
+    assert [c.signal for c in signal_contexts(events, by_id, {}, max_contexts=3)] == ["forgetting", "boundary", "rare"]
+    assert [c.task_id for c in signal_contexts(events, by_id, {}, max_contexts=5)] == [
+        tasks[6].id, tasks[0].id, tasks[5].id, tasks[1].id, tasks[2].id]

@@ -11,13 +11,18 @@ the same on every machine. Every task is checked when generated: its ground trut
 either changes the file system or returns information (a task that does neither is dropped). The held-out split
 is chosen by the task's content id (`held_out_fraction` of the id space), so it never overlaps the train split
 and does not depend on how many tasks were generated.
+
+The coverage-shift setting (`train_max_calls: 1`, configs/lite-shift.yaml): the train split keeps only its one-call
+tasks (D_0, and so the worked examples drawn from it, never show two calls), while the held-out split still mixes
+one- and two-call tasks. The two-call part (`cd` into a folder, then act there) is what D_0 misses and what
+exploration can reach: every tool stays in the prompt, and `cd` followed by an action runs in the env.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable
 
 from coevolve.envs import ENVS
 from coevolve.calls import DEFAULT_LIMITS, CallLimits
@@ -49,6 +54,9 @@ class LiteConfig:
     """Longest ground truth: 1 = one-call tasks only; 2 adds `cd` followed by one action in that folder."""
     two_call_share: float = 0.3
     """Share of tasks drawn from the two-call templates (when `max_calls` >= 2)."""
+    train_max_calls: int | None = None
+    """Longest ground truth kept in the train split (None: `max_calls`). 1 with `max_calls` 2 is the coverage-shift
+    setting: the train split's two-call tasks are dropped, the held-out split keeps them."""
     seed: int = 0
     """Seed of the generator; the same seed gives the same tasks everywhere."""
 
@@ -57,6 +65,8 @@ class LiteConfig:
             raise ValueError(f"invalid BFCL-lite config: {self}")
         if not 0.0 <= self.two_call_share <= 1.0:
             raise ValueError(f"two_call_share must lie in [0, 1], got {self.two_call_share}")
+        if self.train_max_calls is not None and self.train_max_calls not in range(1, self.max_calls + 1):
+            raise ValueError(f"train_max_calls must lie in [1, max_calls={self.max_calls}], got {self.train_max_calls}")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -225,9 +235,17 @@ class BFCLLiteEnv(BFCLEnv):
         max_replies_per_turn: int = MAX_REPLIES_PER_TURN,
         limits: CallLimits = DEFAULT_LIMITS,
         truth_cache_size: int = 512,
+        **generator: Any,
     ) -> None:
+        """`generator`: LiteConfig's fields by name (`num_tasks`, `train_max_calls`, ...; what `env.options` of a
+        config holds), applied over `config`."""
         if split not in SPLITS:
             raise ValueError(f"unknown BFCL-lite split {split!r}; choose one of {SPLITS}")
+        unknown = sorted(set(generator) - {f.name for f in fields(LiteConfig)})
+        if unknown:
+            raise TypeError(f"unknown BFCL-lite option(s) {unknown}; LiteConfig has "
+                            f"{[f.name for f in fields(LiteConfig)]}")
+        config = replace(config, **generator)
         super().__init__("multi_turn_base", scope, max_replies_per_turn, limits, truth_cache_size)
         self.category = f"lite/{split}"
         self.split = split
@@ -235,5 +253,8 @@ class BFCLLiteEnv(BFCLEnv):
 
     def tasks(self) -> list[Task]:
         if self._tasks is None:
-            self._tasks = [t for t in generate_tasks(self.config) if split_of(t, self.config.held_out_fraction) == self.split]
+            longest = self.config.train_max_calls if self.split == "train" else None
+            self._tasks = [t for t in generate_tasks(self.config)
+                           if split_of(t, self.config.held_out_fraction) == self.split
+                           and (longest is None or t.meta["num_calls"] <= longest)]
         return list(self._tasks)
