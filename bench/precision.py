@@ -330,6 +330,9 @@ def main() -> None:
             stats["accuracy"] = report.accuracy
             if dtype == "float32" and train_trajectories is None:
                 train_trajectories = batch.trajectories
+                for t in batch.trajectories[:: args.group_size]:
+                    print(f"    {t.task_id}: prompt {len(t.prompt_ids)}, completion {len(t.completion_ids)} "
+                          f"({sum(t.completion_mask)} model), notes {t.reasons[-2:]}", flush=True)
             print(f"(b) round {r} {dtype}: {stats['seconds']:.1f} s, {stats['model_tokens']} model tokens, "
                   f"success {report.accuracy:.3f}, {stats['calls']} generate calls, prefill first "
                   f"{stats['first_prefill_s']:.1f} s, later {stats['later_prefill_s']:.1f} s{stats['foreign']}",

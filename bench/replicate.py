@@ -67,6 +67,9 @@ ARMS = {
     "coevolve w/o forgetting": ["run.mode=coevolve", "signals.enabled=[boundary,rare]"],
     "coevolve w/o boundary": ["run.mode=coevolve", "signals.enabled=[forgetting,rare]"],
     "coevolve w/o rare": ["run.mode=coevolve", "signals.enabled=[forgetting,boundary]"],
+    # A diagnosis arm, not in the default list: the offline explorer less tied to the flagged tool and two episodes
+    # per context, to see whether more varied exploration yields the `cd > action` tasks the shift asks for.
+    "coevolve wide": ["run.mode=coevolve", "synthesis.focus_weight=0.3", "synthesis.episodes_per_context=2"],
 }
 MAIN_ARMS = ("static", "coevolve", "random")
 ABLATIONS = ("coevolve w/o forgetting", "coevolve w/o boundary", "coevolve w/o rare")
@@ -181,6 +184,82 @@ def result_of(run: Planned, out: Path) -> dict:
             "signals_by_iteration": [[m["signals"].get(kind, 0) for kind in SIGNALS] for m in metrics[1:]]}
 
 
+def diagnosis(runs: list[Planned], out: Path) -> str:
+    """What the synthesized tasks of the coevolve runs look like next to the held-out ones: accepted tasks by tool
+    sequence beside the held-out tasks with that sequence, the explored contexts by signal, and how the policy did
+    on the multi-call tasks it trained on (a group with no success gives GRPO nothing to learn from)."""
+    from collections import Counter
+
+    from coevolve.jsonl import read_jsonl
+    from coevolve.pool import TaskPool
+
+    synthesized: Counter[str] = Counter()
+    contexts: Counter[str] = Counter()
+    trained: dict[str, list[float]] = {}
+    heldout: Counter[str] = Counter()
+    for run in runs:
+        folder = out / run.name
+        if not (folder / "summary.json").exists():
+            continue
+        for row in read_jsonl(folder / "synthesis.jsonl"):
+            if row.get("accepted"):
+                synthesized[" > ".join(call.split("(", 1)[0] for call in row["solution"])] += 1
+        for m in read_jsonl(folder / "metrics.jsonl"):
+            contexts.update(m.get("synthesis", {}).get("contexts_by_signal", {}))
+        if not heldout:
+            last = max(row["iteration"] for row in read_jsonl(folder / "heldout.jsonl"))
+            heldout.update(" > ".join(row.get("truth_tools", [])) for row in read_jsonl(folder / "heldout.jsonl")
+                           if row["iteration"] == last)
+        with TaskPool(folder / "pool.sqlite") as pool:
+            tasks = {task.id: task for task in pool.tasks_at(pool.latest_iteration() or 0)}
+        for row in read_jsonl(folder / "rollouts.jsonl"):
+            task = tasks.get(row["task_id"])
+            if task is not None:
+                kind = f"{task.provenance.source}, {sum(map(len, task.ground_truth))}-call"
+                trained.setdefault(kind, []).append(row["score"])
+    if not synthesized and not trained:
+        return ""
+    sequences = sorted(set(synthesized) | set(heldout), key=lambda seq: (-heldout[seq], -synthesized[seq], seq))
+    lines = ["| tool sequence | held-out tasks | synthesized and accepted (all coevolve runs) |", "|---|---|---|"]
+    lines += [f"| `{seq or '(none)'}` | {heldout[seq]} | {synthesized[seq]} |" for seq in sequences[:16]]
+    lines += ["", "Training rollouts of the coevolve runs by task kind: " + "; ".join(
+        f"{kind}: {len(scores)} rollouts, success {sum(scores) / len(scores):.3f}"
+        for kind, scores in sorted(trained.items())) + ".",
+              "Contexts explored, by signal: " + ", ".join(f"{k} {v}" for k, v in sorted(contexts.items())) + "."]
+    return "\n".join(lines)
+
+
+def multi_call_behaviour(runs: list[Planned], out: Path) -> str:
+    """Per arm, on the held-out tasks whose ground truth makes two or more calls (after training, mean over seeds):
+    the share answered with two or more calls, and the share whose first call is the ground truth's first tool:
+    whether training moved the policy towards the shifted skill even where it did not yet solve the task."""
+    from coevolve.jsonl import read_jsonl
+
+    shares: dict[str, list[tuple[float, float]]] = {}
+    for run in runs:
+        path = out / run.name / "heldout.jsonl"
+        if run.arm == "zero-shot" or not (out / run.name / "summary.json").exists() or not path.exists():
+            continue
+        rows = read_jsonl(path)
+        last = max(row["iteration"] for row in rows)
+        multi = [row for row in rows if row["iteration"] == last and row.get("truth_calls", 1) >= 2]
+        if not multi:
+            continue
+        several = sum(len(row["calls"]) >= 2 for row in multi) / len(multi)
+        first = sum(bool(row["calls"]) and row["calls"][0].lstrip("[").split("(", 1)[0] == row["truth_tools"][0]
+                    for row in multi) / len(multi)
+        shares.setdefault(run.arm, []).append((several, first))
+    if not shares:
+        return ""
+    lines = ["| arm | seeds | answered with >= 2 calls (per seed) | first call = the truth's first tool (per seed) |",
+             "|---|---|---|---|"]
+    for arm, values in shares.items():
+        lines.append(f"| {arm} | {len(values)} | {statistics.mean(v[0] for v in values):.2f} "
+                     f"({', '.join(f'{v[0]:.2f}' for v in values)}) | {statistics.mean(v[1] for v in values):.2f} "
+                     f"({', '.join(f'{v[1]:.2f}' for v in values)}) |")
+    return "\n".join(lines)
+
+
 def t_interval(values: list[float]) -> tuple[float, float]:
     mean = statistics.mean(values)
     if len(values) < 2:
@@ -284,7 +363,18 @@ def main() -> None:
         seconds = [r["seconds"] for arm, rs in rows.items() if arm != "zero-shot" for r in rs]
         sections.append(f"### Setting `{setting}`\n\n" + setting_table(rows, heldout) + (
             f"\n\n{len(seconds)} training runs, {statistics.mean(seconds):.0f} s each on average." if seconds else ""))
+        found = diagnosis([run for run in finished if run.setting == setting and run.arm == "coevolve"], out)
+        if found:
+            sections.append(f"What coevolve synthesized in setting `{setting}`, beside the held-out tasks:\n\n{found}")
+        behaviour = multi_call_behaviour([run for run in finished if run.setting == setting], out)
+        if behaviour:
+            sections.append(f"Held-out tasks of two or more calls in setting `{setting}`, how the trained policies "
+                            f"answered them:\n\n{behaviour}")
     text = "\n\n".join(sections)
+    run_minutes = sum(r["seconds"] for r in results if r["seconds"] == r["seconds"]) / 60  # NaN: no timing file
+    default_arms = ["zero-shot", *MAIN_ARMS, *ABLATIONS]
+    arms_flag = "" if args.arms == default_arms else " --arms " + " ".join(
+        f'"{arm}"' if " " in arm else arm for arm in args.arms)
     print(text)
     if args.no_write:
         return
@@ -295,10 +385,11 @@ Question: at equal rollout budget, does CoEvolve beat GRPO on the static D_0, ab
 does not cover (setting `shift`: D_0 one-call only, held-out 2-call part), and does each signal matter?
 
 Command: `python bench/replicate.py --settings {' '.join(args.settings)} --seeds {' '.join(map(str, args.seeds))}
---ablation-seeds {' '.join(map(str, args.ablation_seeds))} --jobs {args.jobs}`. Machine: {machine_line()}.
+--ablation-seeds {' '.join(map(str, args.ablation_seeds))} --jobs {args.jobs}{arms_flag}`. Machine: {machine_line()}.
 Config: `configs/lite-shift.yaml` (12 GRPO steps of 4 tasks x K=4 in 3 iterations, SmolLM2-135M, 142 held-out
-tasks: 90 one-call, 52 two-call) with each arm's overrides (`ARMS`, `SETTINGS`). Wall time of this invocation:
-{total_minutes:.0f} minutes (finished runs are read back, not rerun).{f' Runs not yet done: {pending} (stopped by --max-minutes; rerun the command to continue).' if pending else ''}
+tasks: 90 one-call, 52 two-call) with each arm's overrides (`ARMS`, `SETTINGS`). The {len(results)} finished
+runs took {run_minutes:.0f} minutes of run time ({args.jobs} at a time); this invocation {total_minutes:.0f} minutes
+(finished runs are read back, not rerun).{f' Runs not yet done: {pending} (stopped by --max-minutes; rerun the command to continue).' if pending else ''}
 
 {text}
 """)

@@ -26,7 +26,8 @@ Where this pins down or departs from the paper
    times in the iteration. Why: a fixed θ means a different thing at every scale. The paper's iterations see
    thousands of patterns; a CPU iteration of 16 tasks x 4 rollouts sees ~80 unigrams, where θ = 1% asks for
    c_p < 0.8, which no pattern that occurs at all can meet (rare never fired at that scale). The θ actually used
-   is in the report (`SignalReport.theta_percent`) and in metrics.jsonl (`patterns`).
+   is in the report (`SignalReport.theta_percent`) and in metrics.jsonl (`patterns`); it exceeds 100 when an
+   iteration saw fewer than r patterns of a size, and then every pattern it saw is rare (c_p <= N_t < r).
 4. Which trajectories an event names: forgetting — the task's failed rollouts (s < τ; there is at least one since
    their mean is < τ), with `history_window` and `now`; boundary — all K rollouts (the contrast is the signal),
    with the success and failure counts; both carry `scores`, aligned with `trajectory_ids`. rare — one event per
