@@ -31,8 +31,8 @@ Method (the settings of configs/quickstart.yaml):
   plus the previous reply's last token. A synthetic check times, at batch 16, a prefill of ~550-token contexts
   (unshared and shared-prefix) against 32 decode steps.
 
-Usage: `python bench/precision.py [--eval-tasks 40] [--train-tasks 4] [--group-size 4] [--rounds 2]
-[--micro-batch 4] [--out /tmp/precision.md]`; prints a markdown table and writes it to `--out`.
+Usage: `python bench/precision.py [--eval-tasks 40] [--train-tasks 4] [--group-size 4] [--rounds 2] [--no-write]
+[--micro-batch 4] [--out /tmp/precision.md]`; prints a markdown table and writes it to `--out` and to the `precision` section of BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from bench._report import machine_line  # noqa: E402
+from bench._report import machine_line, write_section  # noqa: E402
 
 DTYPES = ("float32", "bfloat16")
 
@@ -258,6 +258,7 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--context", type=int, default=550, help="context length of the synthetic prefill check")
     parser.add_argument("--out", default="/tmp/precision.md")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
     args = parser.parse_args()
 
     import torch
@@ -391,7 +392,7 @@ def main() -> None:
         f"call lists differ on {calls_differ}/{len(fp)} |",
         f"| (b) sampled rollouts, {len(train_tasks)} train tasks x {args.group_size}, T=1.0 | {rf['seconds']:.1f} | "
         f"{rb['seconds']:.1f} | {ratio(rf['seconds'], rb['seconds']):.2f} | model tokens fp32 "
-        f"{rf['model_tokens']}, bf16 {rb['model_tokens']} (different samples) |",
+        f"{rf['model_tokens']}, bf16 {rb['model_tokens']} (same sampler seed) |",
         f"| (c) forward+backward, {batch[0].shape[0]} seqs x {int(lengths.min())}-{int(lengths.max())} tokens, "
         f"micro-batch {args.micro_batch} | {tf:.1f} | {tb:.1f} | {ratio(tf, tb):.2f} | train mode, fresh copy "
         "per dtype; log_softmax on float logits |",
@@ -424,6 +425,8 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     Path(args.out).write_text(text)
     print(text)
+    if not args.no_write:
+        write_section("precision", text)
 
 
 if __name__ == "__main__":
