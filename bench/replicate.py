@@ -192,6 +192,7 @@ def diagnosis(runs: list[Planned], out: Path) -> str:
 
     from coevolve.jsonl import read_jsonl
     from coevolve.pool import TaskPool
+    from coevolve.report import tool_sequence
 
     synthesized: Counter[str] = Counter()
     contexts: Counter[str] = Counter()
@@ -203,13 +204,13 @@ def diagnosis(runs: list[Planned], out: Path) -> str:
             continue
         for row in read_jsonl(folder / "synthesis.jsonl"):
             if row.get("accepted"):
-                synthesized[" > ".join(call.split("(", 1)[0] for call in row["solution"])] += 1
+                synthesized[tool_sequence(row["solution"])] += 1
         for m in read_jsonl(folder / "metrics.jsonl"):
             contexts.update(m.get("synthesis", {}).get("contexts_by_signal", {}))
-        if not heldout:
-            last = max(row["iteration"] for row in read_jsonl(folder / "heldout.jsonl"))
-            heldout.update(" > ".join(row.get("truth_tools", [])) for row in read_jsonl(folder / "heldout.jsonl")
-                           if row["iteration"] == last)
+        if not heldout:  # the same held-out set in every run of a setting
+            rows = read_jsonl(folder / "heldout.jsonl")
+            last = max(row["iteration"] for row in rows)
+            heldout.update(tool_sequence(row.get("truth_tools", [])) for row in rows if row["iteration"] == last)
         with TaskPool(folder / "pool.sqlite") as pool:
             tasks = {task.id: task for task in pool.tasks_at(pool.latest_iteration() or 0)}
         for row in read_jsonl(folder / "rollouts.jsonl"):
@@ -221,7 +222,7 @@ def diagnosis(runs: list[Planned], out: Path) -> str:
         return ""
     sequences = sorted(set(synthesized) | set(heldout), key=lambda seq: (-heldout[seq], -synthesized[seq], seq))
     lines = ["| tool sequence | held-out tasks | synthesized and accepted (all coevolve runs) |", "|---|---|---|"]
-    lines += [f"| `{seq or '(none)'}` | {heldout[seq]} | {synthesized[seq]} |" for seq in sequences[:16]]
+    lines += [f"| `{seq}` | {heldout[seq]} | {synthesized[seq]} |" for seq in sequences[:16]]
     lines += ["", "Training rollouts of the coevolve runs by task kind: " + "; ".join(
         f"{kind}: {len(scores)} rollouts, success {sum(scores) / len(scores):.3f}"
         for kind, scores in sorted(trained.items())) + ".",
@@ -337,19 +338,20 @@ def main() -> None:
     runs = plan(args.settings, args.arms, args.seeds, args.ablation_seeds)
     threads = max(1, (os.cpu_count() or 1) // max(1, args.jobs))
 
-    def attempt(run: Planned) -> bool:
+    def attempt(run: Planned) -> dict | None:
         finished = (out / run.name / "summary.json").exists()
         if not finished and args.max_minutes and (time.perf_counter() - started) / 60 > args.max_minutes:
-            return False  # left for the next invocation
+            return None  # left for the next invocation
         execute(run, out, threads)
-        print(json.dumps(result_of(run, out)), flush=True)
-        return True
+        result = result_of(run, out)
+        print(json.dumps(result), flush=True)
+        return result
 
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:  # threads wait on subprocesses
         done = list(pool.map(attempt, runs))
-    finished = [run for run, ok in zip(runs, done) if ok]
+    finished = [run for run, result in zip(runs, done) if result is not None]
+    results = [result for result in done if result is not None]
     pending = len(runs) - len(finished)
-    results = [result_of(run, out) for run in finished]
     total_minutes = (time.perf_counter() - started) / 60
     sections = []
     for setting in args.settings:

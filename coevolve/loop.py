@@ -333,8 +333,9 @@ def evaluate_heldout(run: "Run", t: int) -> Heldout | None:
     by_calls: dict[str, list[bool]] = {}
     for row in rows:
         by_calls.setdefault(str(row["truth_calls"]), []).append(row["success"])
+    ordered = sorted(by_calls.items(), key=lambda item: int(item[0]))
     return Heldout(sum(row["success"] for row in rows) / len(rows) if rows else 0.0,
-                   {calls: sum(found) / len(found) for calls, found in sorted(by_calls.items(), key=lambda kv: int(kv[0]))})
+                   {calls: sum(found) / len(found) for calls, found in ordered})
 
 
 def record_iteration(run: "Run", t: int, trajectories: Sequence[Trajectory], report: SignalReport | None,
@@ -358,17 +359,20 @@ def record_iteration(run: "Run", t: int, trajectories: Sequence[Trajectory], rep
     run.metrics_log.append(metrics.to_dict())
     if t == 0:
         if heldout is not None:
-            parts = ", ".join(f"{calls}-call {rate:.3f}" for calls, rate in metrics.heldout_by_calls.items())
-            run.say(f"before training: held-out success {heldout:.3f} on {len(run.eval_tasks)} tasks"
-                    + (f" ({parts})" if len(metrics.heldout_by_calls) > 1 else ""))
+            run.say(f"before training: held-out success {heldout_text(metrics)} on {len(run.eval_tasks)} tasks")
         return metrics
-    shown = "-" if heldout is None else f"{heldout:.3f}" + (
-        " (" + ", ".join(f"{calls}-call {rate:.3f}" for calls, rate in metrics.heldout_by_calls.items()) + ")"
-        if len(metrics.heldout_by_calls) > 1 else "")
-    run.say(f"iteration {t}: train success {metrics.train_success or 0:.2f}, held-out {shown}, signals {dict(metrics.signals)}, accepted "
-            f"{metrics.synthesis.get('accepted', 0)}, pool {metrics.pool['total']}, feedback share "
-            f"{metrics.feedback_share:.1%}")
+    run.say(f"iteration {t}: train success {metrics.train_success or 0:.2f}, held-out {heldout_text(metrics)}, "
+            f"signals {dict(metrics.signals)}, accepted {metrics.synthesis.get('accepted', 0)}, pool "
+            f"{metrics.pool['total']}, feedback share {metrics.feedback_share:.1%}")
     return metrics
+
+
+def heldout_text(metrics: IterationMetrics) -> str:
+    """`0.550 (1-call 0.733, 2-call 0.000)`; the parts only when there are several; `-` when not evaluated."""
+    if metrics.heldout_success is None:
+        return "-"
+    parts = ", ".join(f"{calls}-call {rate:.3f}" for calls, rate in metrics.heldout_by_calls.items())
+    return f"{metrics.heldout_success:.3f}" + (f" ({parts})" if len(metrics.heldout_by_calls) > 1 else "")
 
 
 def pool_sizes(pool: TaskPool, t: int) -> dict[str, int]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from coevolve.jsonl import atomic_write_text, jsonl_rows
+from coevolve.signals import PATTERN_SEPARATOR
 
 COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")
 WIDTH, HEIGHT, PAD = 560, 240, 40
@@ -82,6 +83,10 @@ def stacked_bars(title: str, x_labels: Sequence[Any], series: Mapping[str, Seque
     return _frame(title, x_labels, top, body, legend, "bars")
 
 
+def _cell(value: Any) -> str:
+    return f"<td>{html.escape('' if value is None else str(value))}</td>"
+
+
 def lineage_table(rows: Sequence[Mapping[str, Any]]) -> str:
     head = ("iteration", "signal", "parent task", "flagged trajectories", "episode", "query", "solution", "verdict",
             "task")
@@ -92,7 +97,7 @@ def lineage_table(rows: Sequence[Mapping[str, Any]]) -> str:
                  ", ".join(row.get("trajectory_ids", [])[:4]), row.get("episode_id"), row.get("query"),
                  "\n".join(row.get("solution", [])), verdict, row.get("task_id") or "")
         status = "accepted" if row.get("accepted") else "rejected"
-        texts = [f"<td>{html.escape('' if cell is None else str(cell))}</td>" for cell in cells]
+        texts = [_cell(cell) for cell in cells]
         if row.get("parent_task_id"):  # to the parent's rollouts, further down
             parent = html.escape(str(row["parent_task_id"]))
             texts[2] = f'<td><a href="#task-{parent}">{parent}</a></td>'
@@ -213,21 +218,16 @@ def changes_table(rows: Sequence[Mapping[str, Any]]) -> str:
             cells = (kind, before.get("name"), "\n".join(map(str, before.get("calls") or [])) or "(no call)",
                      before.get("reason") or "", "\n".join(map(str, after.get("calls") or [])) or "(no call)",
                      after.get("reason") or "")
-            lines.append(f'<tr class="change-{kind}">' + "".join(
-                f"<td>{html.escape('' if cell is None else str(cell))}</td>" for cell in cells) + "</tr>")
+            lines.append(f'<tr class="change-{kind}">' + "".join(map(_cell, cells)) + "</tr>")
     head = ("", "task", f"calls at iteration {first}", "why it failed", f"calls at iteration {last}", "why it failed")
     return (f"<p>From iteration {first} to {last}: {len(fixed)} held-out tasks fixed, {len(broken)} broken.</p>"
             '<table id="changes"><thead><tr>' + "".join(f"<th>{h}</th>" for h in head) + "</tr></thead><tbody>"
             + "".join(lines) + "</tbody></table>")
 
 
-def _cell(value: Any) -> str:
-    return f"<td>{html.escape('' if value is None else str(value))}</td>"
-
-
 def tool_sequence(calls: Sequence[Any]) -> str:
     """`cd > mkdir` for [cd(folder='a'), mkdir(dir_name='b')]: what a synthesized task and a held-out task share."""
-    return " > ".join(str(call).split("(", 1)[0].strip()[:60] for call in calls) or "(no call)"
+    return PATTERN_SEPARATOR.join(str(call).split("(", 1)[0].strip()[:60] for call in calls) or "(no call)"
 
 
 def signals_table(metrics: Sequence[Mapping[str, Any]]) -> str:
