@@ -4,12 +4,15 @@ Question: at equal rollout budget, is held-out success after CoEvolve higher tha
 and by how much (paired by seed, with a 95% interval)? Above all on the part of the held-out set that D_0 does
 not cover, and does each signal (forgetting, boundary, rare) carry its weight?
 
-Settings (each a config; both share the same 142 held-out BFCL-lite tasks, 90 one-call and 52 two-call):
+Settings (each a config; held-out success is also reported on the setting's shifted part and on the rest apart):
 - `shift` (configs/lite-shift.yaml): D_0 holds only one-call tasks (and so do the worked examples drawn from it);
-  held-out success is reported on the shifted part (two-call tasks: `cd` into a folder, then act there) and on
-  the rest apart.
+  the 142 held-out BFCL-lite tasks mix 90 one-call and 52 two-call ones, the shifted part (`cd` into a folder,
+  then act there).
 - `iid`: the same config with the train split's two-call tasks kept (`env.options` without `train_max_calls`):
-  D_0 and held-out drawn from one generator.
+  D_0 and held-out drawn from one generator; parts as in `shift`.
+- `tools` (configs/lite-tools.yaml): one-call tasks only; D_0 never calls `cat` or `cd` (their schemas stay in the
+  prompt); the shifted part is the 44 of 130 held-out tasks that call one of them. Added after the first two
+  showed that the learner never solves a two-call task: here the missing part is within its reach.
 
 Arms (overrides of the setting's config): zero-shot (evaluation only: greedy, so one run stands for every
 seed; it is also the "before training" figure of its setting, which the training arms therefore skip), static,
@@ -46,6 +49,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -53,9 +57,38 @@ from bench._report import machine_line, write_section  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "lite-shift.yaml"
+TOOLS_CONFIG = REPO / "configs" / "lite-tools.yaml"
+LEFT_OUT_TOOLS = ("cat", "cd")
+"""The tools D_0 of the `tools` setting never calls (configs/lite-tools.yaml, `env.options.train_without_tools`)."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A config and its overrides, and how its held-out tasks split into the shifted part and the rest."""
+
+    config: Path
+    overrides: tuple[str, ...]
+    parts: tuple[str, str]
+    """Labels of (the rest, the shifted part)."""
+    shifted: Callable[[int, Sequence[str]], bool]
+    """(ground-truth calls, ground-truth tools) -> whether a task is in the shifted part."""
+
+    def part_of(self, calls: int, tools: Sequence[str]) -> str:
+        return self.parts[1] if self.shifted(calls, tools) else self.parts[0]
+
+
+def _two_calls(calls: int, tools: Sequence[str]) -> bool:
+    return calls >= 2
+
+
+def _left_out_tool(calls: int, tools: Sequence[str]) -> bool:
+    return bool(set(tools) & set(LEFT_OUT_TOOLS))
+
+
 SETTINGS = {
-    "shift": (CONFIG, []),
-    "iid": (CONFIG, ["env.options={num_tasks: 560, two_call_share: 0.4}"]),
+    "shift": Setting(CONFIG, (), ("1-call", "2-call"), _two_calls),
+    "iid": Setting(CONFIG, ("env.options={num_tasks: 560, two_call_share: 0.4}",), ("1-call", "2-call"), _two_calls),
+    "tools": Setting(TOOLS_CONFIG, (), ("seen tools", "cat or cd"), _left_out_tool),
 }
 SIGNALS = ("forgetting", "boundary", "rare")
 ARMS = {
@@ -71,6 +104,8 @@ ARMS = {
     # per context, to see whether more varied exploration yields the `cd > action` tasks the shift asks for.
     "coevolve wide": ["run.mode=coevolve", "synthesis.focus_weight=0.3", "synthesis.episodes_per_context=2"],
 }
+DIAGNOSIS_SETTINGS = {"coevolve wide": ("shift",)}
+"""Settings a diagnosis arm runs in (it answers a question about that setting); other arms run in every setting."""
 MAIN_ARMS = ("static", "coevolve", "random")
 ABLATIONS = ("coevolve w/o forgetting", "coevolve w/o boundary", "coevolve w/o rare")
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
@@ -94,7 +129,7 @@ class Planned:
 
     def overrides(self) -> list[str]:
         extra = [] if self.arm == "zero-shot" else ["loop.eval_before_training=false"]
-        return [*SETTINGS[self.setting][1], f"run.seed={self.seed}", *ARMS[self.arm], *extra]
+        return [*SETTINGS[self.setting].overrides, f"run.seed={self.seed}", *ARMS[self.arm], *extra]
 
 
 def plan(settings: list[str], arms: list[str], seeds: list[int], ablation_seeds: list[int]) -> list[Planned]:
@@ -108,7 +143,8 @@ def plan(settings: list[str], arms: list[str], seeds: list[int], ablation_seeds:
         runs += [Planned(setting, "random", seed) for seed in seeds if "random" in arms]
         runs += [Planned(setting, arm, seed) for seed in ablation_seeds for arm in ABLATIONS if arm in arms]
         runs += [Planned(setting, arm, seed) for seed in seeds for arm in arms
-                 if arm not in (*MAIN_ARMS, *ABLATIONS, "zero-shot")]
+                 if arm not in (*MAIN_ARMS, *ABLATIONS, "zero-shot")
+                 and setting in DIAGNOSIS_SETTINGS.get(arm, (setting,))]
     return runs
 
 
@@ -133,7 +169,7 @@ def config_differences(saved: Path, config: Path, overrides: list[str]) -> list[
 def execute(run: Planned, out: Path, threads: int) -> None:
     """Train (or resume) one run in a subprocess, unless it finished; its wall seconds go to bench-seconds.txt."""
     folder = out / run.name
-    config = SETTINGS[run.setting][0]
+    config = SETTINGS[run.setting].config
     if (folder / "config.yaml").exists():
         changed = config_differences(folder / "config.yaml", config, run.overrides())
         if changed:
@@ -157,28 +193,34 @@ def train(run: Planned, folder: Path, config: Path, threads: int) -> None:
 
 
 def result_of(run: Planned, out: Path) -> dict:
-    """What a finished run says: held-out success after training (all, and by ground-truth calls), signals fired,
-    the synthesized tasks by solution length, time."""
+    """What a finished run says: held-out success after training (all, and on each part of its setting), signals
+    fired, the synthesized tasks (and those in the shifted part), time."""
     from coevolve.jsonl import read_jsonl
     from coevolve.pool import TaskPool
 
+    setting = SETTINGS[run.setting]
     folder = out / run.name
     metrics = read_jsonl(folder / "metrics.jsonl")
     summary = json.loads((folder / "summary.json").read_text())
     last = next(m for m in reversed(metrics) if m["heldout_success"] is not None)
-    added_by_calls: dict[str, int] = {}
+    added_shifted = 0
     if (folder / "pool.sqlite").exists():
         with TaskPool(folder / "pool.sqlite") as pool:
-            latest = pool.latest_iteration() or 0
-            for task in pool.tasks_at(latest, source="synthetic"):
-                calls = str(sum(map(len, task.ground_truth)))
-                added_by_calls[calls] = added_by_calls.get(calls, 0) + 1
+            for task in pool.tasks_at(pool.latest_iteration() or 0, source="synthetic"):
+                calls = [call.split("(", 1)[0] for turn in task.ground_truth for call in turn]
+                added_shifted += setting.shifted(len(calls), calls)
+    rows = [row for row in read_jsonl(folder / "heldout.jsonl") if row["iteration"] == last["iteration"]] \
+        if (folder / "heldout.jsonl").exists() else []
+    by_part: dict[str, list[bool]] = {}
+    for row in rows:
+        by_part.setdefault(setting.part_of(row.get("truth_calls", 1), row.get("truth_tools", ())), []).append(
+            bool(row["success"]))
     seconds_file = folder / "bench-seconds.txt"
-    evaluated = sum(1 for row in read_jsonl(folder / "heldout.jsonl") if row["iteration"] == last["iteration"]) \
-        if (folder / "heldout.jsonl").exists() else 0
-    return {"setting": run.setting, "heldout_tasks": evaluated, "arm": run.arm, "seed": run.seed, "after": last["heldout_success"],
-            "after_by_calls": last.get("heldout_by_calls", {}), "added": summary.get("tasks_added", 0),
-            "added_by_calls": added_by_calls, "feedback_share": summary.get("feedback_share", 0.0),
+    return {"setting": run.setting, "heldout_tasks": len(rows), "arm": run.arm, "seed": run.seed,
+            "after": last["heldout_success"],
+            "after_by_part": {part: sum(values) / len(values) for part, values in by_part.items()},
+            "added": summary.get("tasks_added", 0), "added_shifted": added_shifted,
+            "feedback_share": summary.get("feedback_share", 0.0),
             "seconds": float(seconds_file.read_text()) if seconds_file.exists() else float("nan"),
             "signals": {kind: sum(m["signals"].get(kind, 0) for m in metrics) for kind in SIGNALS},
             "signals_by_iteration": [[m["signals"].get(kind, 0) for kind in SIGNALS] for m in metrics[1:]]}
@@ -278,7 +320,7 @@ def wilson(successes: float, total: int) -> tuple[float, float]:
 
 
 def _value(result: dict, part: str) -> float | None:
-    return result["after"] if part == "all" else result["after_by_calls"].get(part)
+    return result["after"] if part == "all" else result["after_by_part"].get(part)
 
 
 def _interval(values: list[float]) -> str:
@@ -288,14 +330,14 @@ def _interval(values: list[float]) -> str:
     return f"{mean:+.3f} +- {half:.3f}" if len(values) > 1 else f"{mean:+.3f} (one seed)"
 
 
-def setting_table(rows: dict[str, list[dict]], heldout: int) -> str:
-    """One setting's table: per arm, held-out success after training overall and per part (1-call, 2-call), each
-    with its paired delta vs static and the 95% interval of that delta."""
-    parts = ["all", "1", "2"]
+def setting_table(rows: dict[str, list[dict]], heldout: int, setting: Setting) -> str:
+    """One setting's table: per arm, held-out success after training overall and on each part (the rest, the
+    shifted part), each with its paired delta vs static and the 95% interval of that delta."""
+    parts = ["all", *setting.parts]
     static = {r["seed"]: r for r in rows.get("static", [])}
     header = ["| arm | runs | " + " | ".join(
-        f"{'all' if part == 'all' else part + '-call'}: mean +- 95% CI | {'all' if part == 'all' else part + '-call'}: "
-        "delta vs static (paired) +- 95% CI" for part in parts) + " | tasks added (2-call) | signals fired F / B / R |",
+        f"{part}: mean +- 95% CI | {part}: delta vs static (paired) +- 95% CI" for part in parts)
+        + f" | tasks added ({setting.parts[1]}) | signals fired F / B / R |",
         "|---|---|" + "---|---|" * len(parts) + "---|---|"]
     lines = []
     for arm, results in rows.items():
@@ -313,10 +355,10 @@ def setting_table(rows: dict[str, list[dict]], heldout: int) -> str:
                       and _value(static[r["seed"]], part) is not None]
             cells.append(_interval(paired) if arm not in ("static", "zero-shot") else "-")
         added = statistics.mean(r["added"] for r in results)
-        added_two = statistics.mean(sum(n for calls, n in r["added_by_calls"].items() if int(calls) >= 2)
-                                    for r in results)
+        added_shifted = statistics.mean(r["added_shifted"] for r in results)
         fired = " / ".join(str(sum(r["signals"][kind] for r in results)) for kind in SIGNALS)
-        lines.append(f"| {arm} | {len(results)} | " + " | ".join(cells) + f" | {added:.1f} ({added_two:.1f}) | {fired} |")
+        lines.append(f"| {arm} | {len(results)} | " + " | ".join(cells)
+                     + f" | {added:.1f} ({added_shifted:.1f}) | {fired} |")
     return "\n".join(header + lines)
 
 
@@ -363,7 +405,7 @@ def main() -> None:
             continue
         heldout = max(r["heldout_tasks"] for rs in rows.values() for r in rs)
         seconds = [r["seconds"] for arm, rs in rows.items() if arm != "zero-shot" for r in rs]
-        sections.append(f"### Setting `{setting}`\n\n" + setting_table(rows, heldout) + (
+        sections.append(f"### Setting `{setting}`\n\n" + setting_table(rows, heldout, SETTINGS[setting]) + (
             f"\n\n{len(seconds)} training runs, {statistics.mean(seconds):.0f} s each on average." if seconds else ""))
         found = diagnosis([run for run in finished if run.setting == setting and run.arm == "coevolve"], out)
         if found:
@@ -384,14 +426,16 @@ def main() -> None:
 ## Replication: coevolve vs plain GRPO on a coverage shift (`bench/replicate.py`)
 
 Question: at equal rollout budget, does CoEvolve beat GRPO on the static D_0, above all on held-out tasks D_0
-does not cover (setting `shift`: D_0 one-call only, held-out 2-call part), and does each signal matter?
+does not cover (setting `shift`: D_0 one-call only, held-out 2-call part; setting `tools`: D_0 never calls `cat`
+or `cd`, held-out tasks calling them), and does each signal matter?
 
 Command: `python bench/replicate.py --settings {' '.join(args.settings)} --seeds {' '.join(map(str, args.seeds))}
 --ablation-seeds {' '.join(map(str, args.ablation_seeds))} --jobs {args.jobs}{arms_flag}`. Machine: {machine_line()}.
-Config: `configs/lite-shift.yaml` (12 GRPO steps of 4 tasks x K=4 in 3 iterations, SmolLM2-135M, 142 held-out
-tasks: 90 one-call, 52 two-call) with each arm's overrides (`ARMS`, `SETTINGS`). The {len(results)} finished
-runs took {run_minutes:.0f} minutes of run time ({args.jobs} at a time); this invocation {total_minutes:.0f} minutes
-(finished runs are read back, not rerun).{f' Runs not yet done: {pending} (stopped by --max-minutes; rerun the command to continue).' if pending else ''}
+Configs: `configs/lite-shift.yaml` (settings `shift`, `iid`: 142 held-out tasks, 90 one-call, 52 two-call) and
+`configs/lite-tools.yaml` (setting `tools`: 130 one-call held-out tasks, 44 calling `cat` or `cd`), both 12 GRPO
+steps of 4 tasks x K=4 in 3 iterations with SmolLM2-135M, with each arm's overrides (`ARMS`, `SETTINGS`). The
+{len(results)} finished runs took {run_minutes:.0f} minutes of run time ({args.jobs} at a time); this invocation
+{total_minutes:.0f} minutes (finished runs are read back, not rerun).{f' Runs not yet done: {pending} (stopped by --max-minutes; rerun the command to continue).' if pending else ''}
 
 {text}
 """)

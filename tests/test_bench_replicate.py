@@ -37,13 +37,22 @@ def test_every_arm_of_every_setting_is_a_valid_config():
     for setting in replicate.SETTINGS:
         for arm in replicate.ARMS:
             run = replicate.Planned(setting, arm, 3)
-            config = load_config(str(replicate.SETTINGS[setting][0]), run.overrides())
+            config = load_config(str(replicate.SETTINGS[setting].config), run.overrides())
             assert config.run.mode == arm.split(" ")[0] and config.run.seed == 3, arm
             assert config.loop.eval_before_training == (arm == "zero-shot")  # zero-shot is the "before" figure
     shift = load_config(str(replicate.CONFIG), replicate.Planned("shift", "coevolve w/o forgetting", 0).overrides())
     iid = load_config(str(replicate.CONFIG), replicate.Planned("iid", "static", 0).overrides())
     assert shift.signals.enabled == ("boundary", "rare") and shift.env.options["train_max_calls"] == 1
     assert "train_max_calls" not in iid.env.options and iid.env.options["num_tasks"] == shift.env.options["num_tasks"]
+    tools = load_config(str(replicate.TOOLS_CONFIG), replicate.Planned("tools", "coevolve", 0).overrides())
+    assert tuple(tools.env.options["train_without_tools"]) == replicate.LEFT_OUT_TOOLS
+
+
+def test_each_setting_names_its_shifted_part():
+    shift, tools = replicate.SETTINGS["shift"], replicate.SETTINGS["tools"]
+    assert shift.part_of(2, ["cd", "ls"]) == "2-call" and shift.part_of(1, ["cd"]) == "1-call"
+    assert tools.part_of(1, ["cd"]) == tools.part_of(1, ["cat"]) == "cat or cd"
+    assert tools.part_of(1, ["ls"]) == "seen tools" and tools.part_of(2, ["mkdir", "touch"]) == "seen tools"
 
 
 def test_the_plan_puts_the_headline_comparison_first():
@@ -54,22 +63,28 @@ def test_the_plan_puts_the_headline_comparison_first():
                          "shift/static-seed1", "shift/coevolve-seed1"]
     assert names[5:8] == ["shift/random-seed0", "shift/random-seed1", "shift/coevolve-wo-rare-seed0"]
     assert names[8] == "iid/zero-shot-seed0" and len(names) == 16 and len(set(names)) == 16
+    wide = replicate.plan(["shift", "iid", "tools"], ["static", "coevolve wide"], [0], [0])
+    assert [run.name for run in wide] == ["shift/static-seed0", "shift/coevolve-wide-seed0", "iid/static-seed0",
+                                          "tools/static-seed0"]  # a diagnosis arm runs where it diagnoses
 
 
-def _finished_run(folder: Path, after: float, by_calls: dict, added_by_calls: dict, seconds: float = 10.0) -> None:
-    """A run folder as `coevolve train` leaves it, minus the weights: metrics, summary, held-out rows, a pool."""
+def _finished_run(folder: Path, after: float, heldout: list[tuple[int, bool]], added_by_calls: dict,
+                  seconds: float = 10.0) -> None:
+    """A run folder as `coevolve train` leaves it, minus the weights: metrics, summary, held-out rows (ground-truth
+    calls, success), a pool."""
     from coevolve.pool import TaskPool
     from coevolve.records import Task
 
     folder.mkdir(parents=True)
     lines = [{"iteration": 0, "heldout_success": None, "signals": {"forgetting": 0, "boundary": 0, "rare": 0}},
-             {"iteration": 1, "heldout_success": after, "heldout_by_calls": by_calls,
-              "signals": {"forgetting": 2, "boundary": 1, "rare": 3}}]
+             {"iteration": 1, "heldout_success": after, "signals": {"forgetting": 2, "boundary": 1, "rare": 3}}]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     (folder / "summary.json").write_text(json.dumps({"tasks_added": sum(added_by_calls.values()),
                                                      "feedback_share": 0.05}))
-    (folder / "heldout.jsonl").write_text("".join(json.dumps({"iteration": 1, "task_id": f"h{i}"}) + "\n"
-                                                  for i in range(4)))
+    rows = [{"iteration": 0, "task_id": "h0", "truth_calls": 2, "truth_tools": ["cd", "ls"], "success": True}]
+    rows += [{"iteration": 1, "task_id": f"h{i}", "truth_calls": calls, "truth_tools": ["cd", "ls"][2 - calls:],
+              "success": success, "calls": []} for i, (calls, success) in enumerate(heldout)]
+    (folder / "heldout.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     (folder / "bench-seconds.txt").write_text(f"{seconds}\n")
     (folder / "checkpoints" / "checkpoint-6").mkdir(parents=True)
     tasks = [Task.create("bfcl-lite", f"s{calls}-{i}", [[{"role": "user", "content": f"q{calls}-{i}"}]], {},
@@ -85,29 +100,37 @@ def _finished_run(folder: Path, after: float, by_calls: dict, added_by_calls: di
 
 
 def test_finished_runs_are_read_back_and_paired_against_static(tmp_path, monkeypatch, capsys):
-    # Every run folder is finished, so no training starts (a subprocess would fail here).
-    afters = {"static": [(0.300, {"1": 0.45, "2": 0.0}), (0.250, {"1": 0.40, "2": 0.0})],
-              "coevolve": [(0.350, {"1": 0.45, "2": 0.125}), (0.325, {"1": 0.40, "2": 0.125})]}
+    # Every run folder is finished, so no training starts (a subprocess would fail here). Held-out: four one-call
+    # and four two-call tasks; the parts come from heldout.jsonl's last iteration (iteration 0's row is ignored).
+    one_call = [(1, True), (1, True), (1, False), (1, False)]  # 0.5 in every run
+    afters = {"static": [(0.300, one_call + [(2, False)] * 4), (0.250, one_call + [(2, False)] * 4)],
+              "coevolve": [(0.350, one_call + [(2, True)] + [(2, False)] * 3),
+                           (0.325, one_call + [(2, True)] + [(2, False)] * 3)]}
     for arm, values in afters.items():
-        for seed, (after, by_calls) in enumerate(values):
-            _finished_run(tmp_path / "shift" / f"{replicate.slug(arm)}-seed{seed}", after, by_calls,
+        for seed, (after, heldout) in enumerate(values):
+            _finished_run(tmp_path / "shift" / f"{replicate.slug(arm)}-seed{seed}", after, heldout,
                           {"1": 1, "2": 2} if arm == "coevolve" else {})
     monkeypatch.setattr("sys.argv", ["replicate.py", "--settings", "shift", "--seeds", "0", "1", "--arms", "static",
                                      "coevolve", "--out", str(tmp_path), "--no-write"])
     replicate.main()
-    table = {line.split(" | ")[0].lstrip("| "): line for line in capsys.readouterr().out.splitlines()
-             if line.startswith("| static") or line.startswith("| coevolve")}
+    out = capsys.readouterr().out
+    table: dict[str, str] = {}
+    for line in out.splitlines():  # the first table is the setting's; the multi-call table follows it
+        if line.startswith(("| static", "| coevolve")):
+            table.setdefault(line.split(" | ")[0].lstrip("| "), line)
     cells = table["coevolve"].split(" | ")
     # all: coevolve - static paired = (0.05, 0.075): mean +0.0625, sd 0.017678, t(1) 12.706 -> +- 0.159
     assert cells[3] == "+0.062 +- 0.159" or cells[3] == "+0.063 +- 0.159"
-    assert cells[5] == "+0.000 +- 0.000" and cells[7] == "+0.125 +- 0.000"  # 1-call same; 2-call +0.125 both seeds
+    assert cells[4] == "0.500 +- 0.000" and cells[5] == "+0.000 +- 0.000"  # 1-call: 2 of 4 in every run
+    assert cells[6] == "0.250 +- 0.000" and cells[7] == "+0.250 +- 0.000"  # 2-call: 1 of 4 against 0 of 4
     assert cells[2] == "0.338 +- 0.159" and "| - |" in table["static"]  # no delta of static against itself
     assert cells[8] == "3.0 (2.0)" and cells[9].startswith("4 / 2 / 6")  # tasks added (2-call); signals summed
+    assert "1-call: mean" in out and "2-call: delta vs static" in out
     assert not any(tmp_path.glob("*/*/checkpoints"))  # optimizer states go once a run is finished (disk space)
 
 
 def test_max_minutes_starts_no_new_run(tmp_path, monkeypatch, capsys):
-    _finished_run(tmp_path / "shift" / "static-seed0", 0.300, {"1": 0.5}, {})
+    _finished_run(tmp_path / "shift" / "static-seed0", 0.300, [(1, True), (1, False)], {})
     monkeypatch.setattr("sys.argv", ["replicate.py", "--settings", "shift", "--seeds", "0", "--arms", "static",
                                      "coevolve", "--out", str(tmp_path), "--no-write", "--max-minutes", "1e-9"])
     replicate.main()  # the coevolve run would start a training subprocess; over budget, it is left for the next call

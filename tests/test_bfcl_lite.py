@@ -115,3 +115,22 @@ def test_coverage_shift_drops_two_call_tasks_from_train_only():
         BFCLLiteEnv("train", num_taks=200)
     with pytest.raises(ValueError, match="train_max_calls"):
         BFCLLiteEnv("train", max_calls=1, train_max_calls=2)
+
+
+def test_tool_shift_drops_the_left_out_tools_from_train_only():
+    """train_without_tools (configs/lite-tools.yaml): no training task calls them; the held-out split is the same
+    and keeps their tasks; the tools stay in what the agent is shown."""
+    def tools_of(tasks):
+        return {call.split("(", 1)[0] for task in tasks for turn in task.ground_truth for call in turn}
+
+    plain_train = BFCLLiteEnv("train", num_tasks=200).tasks()
+    shifted = BFCLLiteEnv("train", num_tasks=200, train_without_tools=["cat", "cd"])  # a YAML list, as in a config
+    assert not tools_of(shifted.tasks()) & {"cat", "cd"}
+    assert [t.id for t in shifted.tasks()] == [t.id for t in plain_train if not tools_of([t]) & {"cat", "cd"}]
+    shifted_test = BFCLLiteEnv("test", num_tasks=200, train_without_tools=("cat", "cd")).tasks()
+    assert [t.id for t in shifted_test] == [t.id for t in BFCLLiteEnv("test", num_tasks=200).tasks()]
+    assert {"cat", "cd"} <= tools_of(shifted_test)
+    assert {"cat", "cd"} <= {doc["name"] for doc in shifted.reset(shifted.tasks()[0]).tools()}
+    for bad in (["grep"], "cat"):
+        with pytest.raises(ValueError, match="train_without_tools"):
+            BFCLLiteEnv("train", train_without_tools=bad)

@@ -16,6 +16,11 @@ The coverage-shift setting (`train_max_calls: 1`, configs/lite-shift.yaml): the 
 tasks (D_0, and so the worked examples drawn from it, never show two calls), while the held-out split still mixes
 one- and two-call tasks. The two-call part (`cd` into a folder, then act there) is what D_0 misses and what
 exploration can reach: every tool stays in the prompt, and `cd` followed by an action runs in the env.
+
+The tool-shift setting (`train_without_tools: [cat, cd]`, configs/lite-tools.yaml): the train split drops every
+task whose ground truth calls one of those tools, so neither D_0 nor the worked examples ever use them, while their
+schemas stay in the prompt and the held-out split keeps their tasks. Unlike the two-call shift, the missing part
+is one call long, within reach of what a small learner already does.
 """
 
 from __future__ import annotations
@@ -57,6 +62,9 @@ class LiteConfig:
     train_max_calls: int | None = None
     """Longest ground truth kept in the train split (None: `max_calls`). 1 with `max_calls` 2 is the coverage-shift
     setting: the train split's two-call tasks are dropped, the held-out split keeps them."""
+    train_without_tools: tuple[str, ...] = ()
+    """Tools no train-split task calls (its tasks that call one are dropped; the held-out split keeps them): the
+    tool-shift setting."""
     seed: int = 0
     """Seed of the generator; the same seed gives the same tasks everywhere."""
 
@@ -67,6 +75,10 @@ class LiteConfig:
             raise ValueError(f"two_call_share must lie in [0, 1], got {self.two_call_share}")
         if self.train_max_calls is not None and self.train_max_calls not in range(1, self.max_calls + 1):
             raise ValueError(f"train_max_calls must lie in [1, max_calls={self.max_calls}], got {self.train_max_calls}")
+        unknown = sorted(set(self.train_without_tools) - set(LITE_TOOLS))
+        if isinstance(self.train_without_tools, str) or unknown:
+            raise ValueError(f"train_without_tools must list BFCL-lite tools ({', '.join(LITE_TOOLS)}), "
+                             f"got {self.train_without_tools!r}")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -245,6 +257,8 @@ class BFCLLiteEnv(BFCLEnv):
         if unknown:
             raise TypeError(f"unknown BFCL-lite option(s) {unknown}; LiteConfig has "
                             f"{[f.name for f in fields(LiteConfig)]}")
+        if isinstance(generator.get("train_without_tools"), list):  # a YAML list from env.options
+            generator["train_without_tools"] = tuple(generator["train_without_tools"])
         config = replace(config, **generator)
         super().__init__("multi_turn_base", scope, max_replies_per_turn, limits, truth_cache_size)
         self.category = f"lite/{split}"
@@ -253,8 +267,11 @@ class BFCLLiteEnv(BFCLEnv):
 
     def tasks(self) -> list[Task]:
         if self._tasks is None:
-            longest = self.config.train_max_calls if self.split == "train" else None
+            train = self.split == "train"
+            longest = self.config.train_max_calls if train else None
+            left_out = set(self.config.train_without_tools) if train else set()
             self._tasks = [t for t in generate_tasks(self.config)
                            if split_of(t, self.config.held_out_fraction) == self.split
-                           and (longest is None or t.meta["num_calls"] <= longest)]
+                           and (longest is None or t.meta["num_calls"] <= longest)
+                           and not left_out & {call.split("(", 1)[0] for turn in t.ground_truth for call in turn}]
         return list(self._tasks)
