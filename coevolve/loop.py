@@ -135,6 +135,9 @@ class IterationMetrics:
     heldout_by_calls: Mapping[str, float] = field(default_factory=dict)
     """Held-out success by the number of calls in the task's ground truth ("1", "2", ...): the coverage-shift
     setting's shifted part (tasks longer than any in D_0) and the rest, apart."""
+    heldout_by_tools: Mapping[str, float] = field(default_factory=dict)
+    """Held-out success on tasks whose ground truth calls only tools some task of D_0 calls (`seen`) and on those
+    calling at least one tool D_0 never calls (`unseen`): the tool-shift setting's shifted part and the rest."""
     patterns: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     """`SignalReport.pattern_summary()`: per n-gram size, the action patterns seen (total, distinct), the rare ones
     and the θ that decided it."""
@@ -293,10 +296,27 @@ def admit(run: "Run", t: int, contexts: Sequence[ExplorationContext], explored: 
 
 @dataclass(frozen=True)
 class Heldout:
-    """One held-out evaluation: greedy success over all tasks and by the number of ground-truth calls."""
+    """One held-out evaluation: greedy success over all tasks, by the number of ground-truth calls, and by whether
+    the tools the ground truth calls are all called somewhere in D_0 (`seen`) or not (`unseen`)."""
 
     success: float
     by_calls: Mapping[str, float]
+    by_tools: Mapping[str, float] = field(default_factory=dict)
+
+
+def tools_called(task: Task) -> set[str]:
+    """The tool names a task's ground truth calls."""
+    return {call.split("(", 1)[0].strip() for turn in task.ground_truth for call in turn}
+
+
+def success_by(rows: Sequence[Mapping[str, Any]], key: Callable[[Mapping[str, Any]], str]) -> dict[str, float]:
+    """Mean success of the rows in each group; shorter keys first, so "2" comes before "10" and "seen" before
+    "unseen"."""
+    groups: dict[str, list[bool]] = {}
+    for row in rows:
+        groups.setdefault(key(row), []).append(row["success"])
+    return {group: sum(found) / len(found)
+            for group, found in sorted(groups.items(), key=lambda item: (len(item[0]), item[0]))}
 
 
 def evaluate_heldout(run: "Run", t: int) -> Heldout | None:
@@ -330,12 +350,10 @@ def evaluate_heldout(run: "Run", t: int) -> Heldout | None:
     if run.is_main:  # per task, so the report can say which tasks training fixed and which it broke
         run.heldout_log.rewrite(lambda row: row.get("iteration") != t)
         run.heldout_log.extend(rows)
-    by_calls: dict[str, list[bool]] = {}
-    for row in rows:
-        by_calls.setdefault(str(row["truth_calls"]), []).append(row["success"])
-    ordered = sorted(by_calls.items(), key=lambda item: int(item[0]))
+    seen = set().union(*map(tools_called, run.pool.tasks_at(0, source="seed")))
     return Heldout(sum(row["success"] for row in rows) / len(rows) if rows else 0.0,
-                   {calls: sum(found) / len(found) for calls, found in ordered})
+                   success_by(rows, lambda row: str(row["truth_calls"])),
+                   success_by(rows, lambda row: "seen" if set(row["truth_tools"]) <= seen else "unseen"))
 
 
 def record_iteration(run: "Run", t: int, trajectories: Sequence[Trajectory], report: SignalReport | None,
@@ -354,6 +372,7 @@ def record_iteration(run: "Run", t: int, trajectories: Sequence[Trajectory], rep
          for cause in ("backend", "environment")}, seconds,
         round(feedback / max(1e-9, sum(seconds.values())), 4) if t else 0.0,
         evaluated.by_calls if evaluated is not None else {},
+        evaluated.by_tools if evaluated is not None else {},
         report.pattern_summary() if report is not None else {},
     )
     run.metrics_log.append(metrics.to_dict())
@@ -368,11 +387,15 @@ def record_iteration(run: "Run", t: int, trajectories: Sequence[Trajectory], rep
 
 
 def heldout_text(metrics: IterationMetrics) -> str:
-    """`0.550 (1-call 0.733, 2-call 0.000)`; the parts only when there are several; `-` when not evaluated."""
+    """`0.550 (1-call 0.733, 2-call 0.000)`, `0.438 (seen tools 0.663, unseen tools 0.000)`: each split only when
+    it has several parts; `-` when not evaluated."""
     if metrics.heldout_success is None:
         return "-"
-    parts = ", ".join(f"{calls}-call {rate:.3f}" for calls, rate in metrics.heldout_by_calls.items())
-    return f"{metrics.heldout_success:.3f}" + (f" ({parts})" if len(metrics.heldout_by_calls) > 1 else "")
+    parts = [f"{calls}-call {rate:.3f}" for calls, rate in metrics.heldout_by_calls.items()
+             if len(metrics.heldout_by_calls) > 1]
+    parts += [f"{part} tools {rate:.3f}" for part, rate in metrics.heldout_by_tools.items()
+              if len(metrics.heldout_by_tools) > 1]
+    return f"{metrics.heldout_success:.3f}" + (f" ({', '.join(parts)})" if parts else "")
 
 
 def pool_sizes(pool: TaskPool, t: int) -> dict[str, int]:

@@ -136,7 +136,7 @@ NUMBER = (int, float)
 METRIC_FIELDS: dict[str, tuple[type, ...]] = {
     "train_success": (*NUMBER, type(None)), "heldout_success": (*NUMBER, type(None)), "feedback_share": NUMBER,
     "signals": (dict,), "pool": (dict,), "failures": (dict,), "seconds": (dict,), "synthesis": (dict,),
-    "heldout_by_calls": (dict,), "patterns": (dict,)}
+    "heldout_by_calls": (dict,), "heldout_by_tools": (dict,), "patterns": (dict,)}
 """What the plots read from a metrics line; a field of another type is left out with a warning."""
 LIST_FIELDS = ("trajectory_ids", "solution", "reasons")
 
@@ -329,6 +329,8 @@ def render(directory: str | Path, warnings: list[str] | None = None) -> str:
     labels = [m["iteration"] for m in metrics]
     by_calls = sorted({calls for m in metrics if isinstance(m.get("heldout_by_calls"), dict)
                        for calls in m["heldout_by_calls"]}, key=lambda calls: (len(calls), calls))
+    by_tools = sorted({part for m in metrics if isinstance(m.get("heldout_by_tools"), dict)
+                       for part in m["heldout_by_tools"]}, key=lambda part: (len(part), part))
     kinds = ("forgetting", "boundary", "rare")
     parents = {str(r.get("parent_task_id")) for r in lineage if r.get("parent_task_id")}
     phases = ("train", "signals", "synthesis", "eval")
@@ -340,6 +342,9 @@ def render(directory: str | Path, warnings: list[str] | None = None) -> str:
         *([line_plot("Held-out success by ground-truth calls", labels, {
             f"{calls}-call": [m.get("heldout_by_calls", {}).get(calls) for m in metrics] for calls in by_calls},
             top=1.0)] if len(by_calls) > 1 else []),
+        *([line_plot("Held-out success by tools seen in D_0", labels, {
+            f"{part} tools": [m.get("heldout_by_tools", {}).get(part) for m in metrics] for part in by_tools},
+            top=1.0)] if len(by_tools) > 1 else []),
         stacked_bars("Pool D_t by source", labels, {
             source: [m.get("pool", {}).get(source, 0) for m in metrics] for source in ("seed", "synthetic")}),
         stacked_bars("Rollouts failed outside the agent", labels, {

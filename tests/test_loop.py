@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,8 @@ from support import ls_tasks, run_record, write_tasks
 
 REPO = Path(__file__).resolve().parent.parent
 FIELDS = {"iteration", "steps", "train_success", "heldout_success", "signals", "synthesis", "pool", "failures",
-          "seconds", "feedback_share", "heldout_by_calls", "patterns"}
+          "seconds", "feedback_share", "heldout_by_calls", "heldout_by_tools",
+          "patterns"}
 
 
 def settings(model_dir: Path, tasks_file: Path, mode: str, *extra: str) -> list[str]:
@@ -237,3 +239,19 @@ def test_recurring_tasks_auto_theta_and_no_baseline_eval(tmp_path, ls_policy_dir
     groups = {str(calls): [r["success"] for r in rows if r["truth_calls"] == calls] for calls in {r["truth_calls"] for r in rows}}
     assert metrics[-1]["heldout_by_calls"] == {calls: sum(found) / len(found) for calls, found in groups.items()}
     assert len(groups) == 2  # BFCL-lite's first 4 held-out tasks hold one- and two-call tasks
+    # D_0 calls only `ls`: held-out tasks calling nothing else are `seen`, the others `unseen`
+    parts = {"seen": [r["success"] for r in rows if set(r["truth_tools"]) <= {"ls"}],
+             "unseen": [r["success"] for r in rows if not set(r["truth_tools"]) <= {"ls"}]}
+    assert parts["unseen"] and metrics[-1]["heldout_by_tools"] == {
+        part: sum(found) / len(found) for part, found in parts.items() if found}
+
+
+def test_heldout_parts_by_hand():
+    from coevolve.loop import IterationMetrics, heldout_text, success_by
+
+    rows = [{"calls": "10", "success": True}, {"calls": "2", "success": False}, {"calls": "2", "success": True}]
+    assert list(success_by(rows, lambda row: row["calls"]).items()) == [("2", 0.5), ("10", 1.0)]
+    metrics = IterationMetrics(1, (1, 2), 0.5, 0.4375, {}, {}, {}, {}, {}, 0.0, heldout_by_calls={"1": 0.4375},
+                               heldout_by_tools={"seen": 0.663, "unseen": 0.0})
+    assert heldout_text(metrics) == "0.438 (seen tools 0.663, unseen tools 0.000)"  # one part by calls: not shown
+    assert heldout_text(replace(metrics, heldout_success=None)) == "-"

@@ -135,6 +135,7 @@ def test_the_report_sets_synthesized_tasks_beside_held_out_ones_and_shows_parent
     metrics[2]["patterns"] = {"1": {"total": 40, "distinct": 5, "rare": 2, "theta_percent": 7.5}}
     metrics[2]["heldout_by_calls"] = {"1": 0.5, "2": 0.0}
     metrics[0]["heldout_by_calls"] = {"1": 0.25, "2": 0.0}
+    metrics[2]["heldout_by_tools"] = {"seen": 0.5, "unseen": 0.25}
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     page = render(run_dir)
     coverage = page.split('<table id="coverage">')[1].split("</table>")[0]
@@ -146,4 +147,4 @@ def test_the_report_sets_synthesized_tasks_beside_held_out_ones_and_shows_parent
     assert "zz-i1" not in parents  # not a flagged task
     assert 'href="#task-p1"' in page  # the lineage row links to it
     assert "1-grams: N 40, 5 distinct, 2 rare at θ 7.5%" in page
-    assert "Held-out success by ground-truth calls" in page
+    assert "Held-out success by ground-truth calls" in page and "Held-out success by tools seen in D_0" in page
