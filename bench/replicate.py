@@ -11,8 +11,10 @@ Settings (each a config; held-out success is also reported on the setting's shif
 - `iid`: the same config with the train split's two-call tasks kept (`env.options` without `train_max_calls`):
   D_0 and held-out drawn from one generator; parts as in `shift`.
 - `tools` (configs/lite-tools.yaml): one-call tasks only; D_0 never calls `cat` or `cd` (their schemas stay in the
-  prompt); the shifted part is the 44 of 130 held-out tasks that call one of them. Added after the first two
-  showed that the learner never solves a two-call task: here the missing part is within its reach.
+  prompt); the shifted part is the 44 of 130 held-out tasks that call one of them. Half of each iteration's sample
+  (after the recurring tasks) comes from synthesized tasks once there are any (`loop.synthetic_fraction: 0.5`;
+  static has none). Added after the first two showed that the learner never solves a two-call task: here the
+  missing part is within its reach.
 
 Arms (overrides of the setting's config): zero-shot (evaluation only: greedy, so one run stands for every
 seed; it is also the "before training" figure of its setting, which the training arms therefore skip), static,
