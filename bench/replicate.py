@@ -230,8 +230,9 @@ def result_of(run: Planned, out: Path) -> dict:
 
 def diagnosis(runs: list[Planned], out: Path) -> str:
     """What the synthesized tasks of the coevolve runs look like next to the held-out ones: accepted tasks by tool
-    sequence beside the held-out tasks with that sequence, the explored contexts by signal, and how the policy did
-    on the multi-call tasks it trained on (a group with no success gives GRPO nothing to learn from)."""
+    sequence beside the held-out tasks with that sequence, the explored contexts by signal, how the policy did on
+    each kind of task it trained on (a group with no success gives GRPO nothing to learn from), and how often a
+    rollout whose first call ran cleanly went on to call again (a two-call task needs that)."""
     from collections import Counter
 
     from coevolve.jsonl import read_jsonl
@@ -242,6 +243,7 @@ def diagnosis(runs: list[Planned], out: Path) -> str:
     contexts: Counter[str] = Counter()
     trained: dict[str, list[float]] = {}
     heldout: Counter[str] = Counter()
+    clean_first = went_on = 0
     for run in runs:
         folder = out / run.name
         if not (folder / "summary.json").exists():
@@ -260,8 +262,14 @@ def diagnosis(runs: list[Planned], out: Path) -> str:
         for row in read_jsonl(folder / "rollouts.jsonl"):
             task = tasks.get(row["task_id"])
             if task is not None:
-                kind = f"{task.provenance.source}, {sum(map(len, task.ground_truth))}-call"
+                tools = [call.split("(", 1)[0] for turn in task.ground_truth for call in turn]
+                part = SETTINGS[run.setting].part_of(len(tools), tools)
+                kind = f"{task.provenance.source}, " + (f"{len(tools)}-call" if part.endswith("-call") else part)
                 trained.setdefault(kind, []).append(row["score"])
+            steps = row.get("steps", [])
+            if steps and not steps[0].get("error"):
+                clean_first += 1
+                went_on += len(steps) > 1
     if not synthesized and not trained:
         return ""
     sequences = sorted(set(synthesized) | set(heldout), key=lambda seq: (-heldout[seq], -synthesized[seq], seq))
@@ -270,14 +278,16 @@ def diagnosis(runs: list[Planned], out: Path) -> str:
     lines += ["", "Training rollouts of the coevolve runs by task kind: " + "; ".join(
         f"{kind}: {len(scores)} rollouts, success {sum(scores) / len(scores):.3f}"
         for kind, scores in sorted(trained.items())) + ".",
-              "Contexts explored, by signal: " + ", ".join(f"{k} {v}" for k, v in sorted(contexts.items())) + "."]
+              "Contexts explored, by signal: " + ", ".join(f"{k} {v}" for k, v in sorted(contexts.items())) + ".",
+              f"Training rollouts whose first call ran without an error: {clean_first}; of these, {went_on} made "
+              "another call."]
     return "\n".join(lines)
 
 
-def multi_call_behaviour(runs: list[Planned], out: Path) -> str:
-    """Per arm, on the held-out tasks whose ground truth makes two or more calls (after training, mean over seeds):
-    the share answered with two or more calls, and the share whose first call is the ground truth's first tool:
-    whether training moved the policy towards the shifted skill even where it did not yet solve the task."""
+def shifted_behaviour(runs: list[Planned], out: Path) -> str:
+    """Per arm, on the held-out tasks of the setting's shifted part (after training, mean over seeds): the share
+    answered with two or more calls, and the share whose first call is the ground truth's first tool: whether
+    training moved the policy towards the shifted skill even where it did not yet solve the task."""
     from coevolve.jsonl import read_jsonl
 
     shares: dict[str, list[tuple[float, float]]] = {}
@@ -287,7 +297,9 @@ def multi_call_behaviour(runs: list[Planned], out: Path) -> str:
             continue
         rows = read_jsonl(path)
         last = max(row["iteration"] for row in rows)
-        multi = [row for row in rows if row["iteration"] == last and row.get("truth_calls", 1) >= 2]
+        setting = SETTINGS[run.setting]
+        multi = [row for row in rows if row["iteration"] == last
+                 and setting.shifted(row.get("truth_calls", 1), row.get("truth_tools", ()))]
         if not multi:
             continue
         several = sum(len(row["calls"]) >= 2 for row in multi) / len(multi)
@@ -412,10 +424,10 @@ def main() -> None:
         found = diagnosis([run for run in finished if run.setting == setting and run.arm == "coevolve"], out)
         if found:
             sections.append(f"What coevolve synthesized in setting `{setting}`, beside the held-out tasks:\n\n{found}")
-        behaviour = multi_call_behaviour([run for run in finished if run.setting == setting], out)
+        behaviour = shifted_behaviour([run for run in finished if run.setting == setting], out)
         if behaviour:
-            sections.append(f"Held-out tasks of two or more calls in setting `{setting}`, how the trained policies "
-                            f"answered them:\n\n{behaviour}")
+            sections.append(f"The held-out tasks of setting `{setting}`'s shifted part ({SETTINGS[setting].parts[1]}), "
+                            f"how the trained policies answered them:\n\n{behaviour}")
     text = "\n\n".join(sections)
     run_minutes = sum(r["seconds"] for r in results if r["seconds"] == r["seconds"]) / 60  # NaN: no timing file
     default_arms = ["zero-shot", *MAIN_ARMS, *ABLATIONS]
