@@ -209,8 +209,7 @@ def result_of(run: Planned, out: Path) -> dict:
     if (folder / "pool.sqlite").exists():
         with TaskPool(folder / "pool.sqlite") as pool:
             for task in pool.tasks_at(pool.latest_iteration() or 0, source="synthetic"):
-                calls = [call.split("(", 1)[0] for turn in task.ground_truth for call in turn]
-                added_shifted += setting.shifted(len(calls), calls)
+                added_shifted += setting.shifted(len(task.truth_tools), task.truth_tools)
     rows = [row for row in read_jsonl(folder / "heldout.jsonl") if row["iteration"] == last["iteration"]] \
         if (folder / "heldout.jsonl").exists() else []
     by_part: dict[str, list[bool]] = {}
@@ -262,7 +261,7 @@ def diagnosis(runs: list[Planned], out: Path) -> str:
         for row in read_jsonl(folder / "rollouts.jsonl"):
             task = tasks.get(row["task_id"])
             if task is not None:
-                tools = [call.split("(", 1)[0] for turn in task.ground_truth for call in turn]
+                tools = task.truth_tools
                 part = SETTINGS[run.setting].part_of(len(tools), tools)
                 kind = f"{task.provenance.source}, " + (f"{len(tools)}-call" if part.endswith("-call") else part)
                 trained.setdefault(kind, []).append(row["score"])

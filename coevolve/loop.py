@@ -86,6 +86,7 @@ import random
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -304,11 +305,6 @@ class Heldout:
     by_tools: Mapping[str, float] = field(default_factory=dict)
 
 
-def tools_called(task: Task) -> set[str]:
-    """The tool names a task's ground truth calls."""
-    return {call.split("(", 1)[0].strip() for turn in task.ground_truth for call in turn}
-
-
 def success_by(rows: Sequence[Mapping[str, Any]], key: Callable[[Mapping[str, Any]], str]) -> dict[str, float]:
     """Mean success of the rows in each group; shorter keys first, so "2" comes before "10" and "seen" before
     "unseen"."""
@@ -338,10 +334,10 @@ def evaluate_heldout(run: "Run", t: int) -> Heldout | None:
                                            disable=not run.is_main) as bar:
         report, batch = evaluate_model(run.eval_env, shard, backend, run.renderer, greedy, "model",
                                        progress=lambda finished, total: bar.update(finished - bar.n))
-    truths = {task.id: [call for turn in task.ground_truth for call in turn] for task in shard}
+    truths = {task.id: task.truth_tools for task in shard}
     rows = [{"iteration": t, "task_id": trajectory.task_id, "name": result.name, "success": result.score.success,
              "truth_calls": len(truths[trajectory.task_id]),
-             "truth_tools": [call.split("(", 1)[0].strip()[:60] for call in truths[trajectory.task_id]],
+             "truth_tools": [name[:60] for name in truths[trajectory.task_id]],
              "reason": (result.score.reasons or ("",))[0][:300],
              "calls": [step.action[:200] for step in trajectory.steps]}
             for result, trajectory in zip(report.results, batch.trajectories)]
@@ -350,10 +346,9 @@ def evaluate_heldout(run: "Run", t: int) -> Heldout | None:
     if run.is_main:  # per task, so the report can say which tasks training fixed and which it broke
         run.heldout_log.rewrite(lambda row: row.get("iteration") != t)
         run.heldout_log.extend(rows)
-    seen = set().union(*map(tools_called, run.pool.tasks_at(0, source="seed")))
     return Heldout(sum(row["success"] for row in rows) / len(rows) if rows else 0.0,
                    success_by(rows, lambda row: str(row["truth_calls"])),
-                   success_by(rows, lambda row: "seen" if set(row["truth_tools"]) <= seen else "unseen"))
+                   success_by(rows, lambda row: "seen" if set(row["truth_tools"]) <= run.seed_tools else "unseen"))
 
 
 def record_iteration(run: "Run", t: int, trajectories: Sequence[Trajectory], report: SignalReport | None,
@@ -462,6 +457,11 @@ class Run:
         self.abstractor = build_abstractor(self.config.synthesis)
         if self.config.synthesis.explorer != "policy":
             self.offline_explorer = build_explorer(self.config.synthesis)
+
+    @cached_property
+    def seed_tools(self) -> set[str]:
+        """The tools some task of D_0 calls (D_0 never changes during a run)."""
+        return {name for task in self.pool.tasks_at(0, source="seed") for name in task.truth_tools}
 
     def step_range(self, t: int) -> tuple[int, int]:
         """First and last optimizer step of iteration t (the last iteration may be shorter)."""

@@ -125,6 +125,11 @@ class Task(_JsonRecord):
     def num_turns(self) -> int:
         return len(self.turns)
 
+    @property
+    def truth_tools(self) -> tuple[str, ...]:
+        """The tool names of the ground-truth calls, in order: `("cd", "mkdir")` for [[cd(folder='a'), mkdir(...)]]."""
+        return tuple(call.split("(", 1)[0].strip() for turn in self.ground_truth for call in turn)
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Task":
         return cls(

@@ -79,6 +79,7 @@ class LiteConfig:
         if isinstance(self.train_without_tools, str) or unknown:
             raise ValueError(f"train_without_tools must list BFCL-lite tools ({', '.join(LITE_TOOLS)}), "
                              f"got {self.train_without_tools!r}")
+        object.__setattr__(self, "train_without_tools", tuple(self.train_without_tools))  # a YAML list, say
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -257,8 +258,6 @@ class BFCLLiteEnv(BFCLEnv):
         if unknown:
             raise TypeError(f"unknown BFCL-lite option(s) {unknown}; LiteConfig has "
                             f"{[f.name for f in fields(LiteConfig)]}")
-        if isinstance(generator.get("train_without_tools"), list):  # a YAML list from env.options
-            generator["train_without_tools"] = tuple(generator["train_without_tools"])
         config = replace(config, **generator)
         super().__init__("multi_turn_base", scope, max_replies_per_turn, limits, truth_cache_size)
         self.category = f"lite/{split}"
@@ -273,5 +272,5 @@ class BFCLLiteEnv(BFCLEnv):
             self._tasks = [t for t in generate_tasks(self.config)
                            if split_of(t, self.config.held_out_fraction) == self.split
                            and (longest is None or t.meta["num_calls"] <= longest)
-                           and not left_out & {call.split("(", 1)[0] for turn in t.ground_truth for call in turn}]
+                           and not left_out & set(t.truth_tools)]
         return list(self._tasks)
