@@ -162,6 +162,11 @@ class GRPOSection:
     warmup_steps: int = 0
     lr_scheduler: str = "constant"
     bf16: bool = False
+    """Mixed precision by autocast (accelerate's `bf16`): for GPUs. On a CPU, load the model in bf16 and set
+    `master_weights` instead (autocast there was ~25x slower than fp32; `coevolve.master_weights`)."""
+    master_weights: bool = False
+    """Keep fp32 copies of the weights in the optimizer (`coevolve.master_weights`): with `model.dtype: bfloat16`,
+    sampling, the loss and the reference model compute in bf16 while AdamW's small updates are not rounded away."""
     gradient_checkpointing: bool = False
     mask_truncated: bool = False
     """Drop trajectories cut by a limit from the loss (DAPO's overlong filtering)."""

@@ -25,6 +25,7 @@ hosted APIs accept `tool` messages only as answers to native tool calls.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field, replace
@@ -231,6 +232,19 @@ def rollout(env: Env, tasks: Sequence[Task], backend: TokenBackend | ChatBackend
         first = _Run(task, 0, env.reset(task), renderer, tokens)
         runs.append(first)
         runs.extend(_Run(task, k, env.reset(task), renderer, tokens, sibling=first) for k in range(1, config.group_size))
+    # A token backend that can keep each episode's KV cache between its replies does so for this rollout only:
+    # the next reply then prefills just the tool results and template tokens added since (`episode_caches`).
+    caches = getattr(backend, "episode_caches", None) if tokens else None
+    with caches() if caches is not None else contextlib.nullcontext():
+        calls, generated = _generation_loop(runs, backend, renderer, config, tokens, progress)
+    trajectories = tuple(run.trajectory(iteration) for run in runs)
+    return RolloutBatch(trajectories, calls, generated, time.perf_counter() - started)
+
+
+def _generation_loop(runs: Sequence[_Run], backend: TokenBackend | ChatBackend, renderer: ChatRenderer,
+                     config: RolloutConfig, tokens: bool, progress: Callable[[int, int], None] | None
+                     ) -> tuple[int, int]:
+    """One batched generation call per step over the still-active episodes; returns (calls, generated tokens)."""
     stop_ids = renderer.stop_token_ids() if tokens else []
     base_sampling = replace(config.sampling, max_new_tokens=config.max_new_tokens)
     calls = generated = 0
@@ -256,8 +270,7 @@ def rollout(env: Env, tasks: Sequence[Task], backend: TokenBackend | ChatBackend
             generations = backend.chat([run.messages for run in active], tool_lists, base_sampling)
             for run, generation in zip(active, generations):
                 _apply_chat_reply(run, generation, config, renderer.reply_format)
-    trajectories = tuple(run.trajectory(iteration) for run in runs)
-    return RolloutBatch(trajectories, calls, generated, time.perf_counter() - started)
+    return calls, generated
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -403,8 +403,19 @@ def _trainer_class() -> type:
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
 
+        def create_optimizer(self, model=None):
+            """TRL's AdamW, on fp32 copies of the weights under `grpo.master_weights` (`coevolve.master_weights`)."""
+            from coevolve.master_weights import MasterWeightAdamW, with_master_weights
+
+            optimizer = super().create_optimizer(model) if model is not None else super().create_optimizer()
+            inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper, from an earlier train() call
+            if self.coevolve_master_weights and not isinstance(inner, MasterWeightAdamW):
+                self.optimizer = optimizer = with_master_weights(optimizer)
+            return optimizer
+
         coevolve_skip_flat = True
         coevolve_shared_prefix = True
+        coevolve_master_weights = False
 
         def single_process(self) -> bool:
             return (self.accelerator.num_processes == 1 and not self.is_deepspeed_enabled
@@ -441,6 +452,7 @@ def build_trainer(config: Config, output_dir: Path, model_path: str, tokenizer: 
     )
     trainer.coevolve_shared_prefix = config.grpo.shared_prefix
     trainer.coevolve_skip_flat = config.grpo.skip_flat_micro_batches
+    trainer.coevolve_master_weights = config.grpo.master_weights
     check_trainer(trainer)
     if config.grpo.ref_model and config.grpo.beta > 0:
         _replace_reference(trainer, config)

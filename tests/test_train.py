@@ -190,9 +190,12 @@ def test_checkpointing_argument_follows_the_installed_transformers_name():
     assert checkpointing_argument(GRPOConfig) == "activation_checkpointing"  # transformers 5.24, our CPU pin
 
 
-def test_grpo_steps_in_several_train_calls_equal_one_call(tmp_path, ls_policy_dir, tokenizer):
+@pytest.mark.parametrize("precision", [(), ("model.dtype=bfloat16", "grpo.master_weights=true")],
+                         ids=["float32", "bfloat16-master-weights"])
+def test_grpo_steps_in_several_train_calls_equal_one_call(tmp_path, ls_policy_dir, tokenizer, precision):
     """The loop calls `trainer.train()` once per iteration, resumed from the checkpoint the previous call saved:
-    the same rollouts and the same weights as one uninterrupted call over all the steps."""
+    the same rollouts and the same weights as one uninterrupted call over all the steps (in bf16 too, where the
+    fp32 master weights come back from the checkpoint's optimizer state)."""
     import torch
 
     from coevolve.envs.bfcl_lite import BFCLLiteEnv
@@ -201,7 +204,7 @@ def test_grpo_steps_in_several_train_calls_equal_one_call(tmp_path, ls_policy_di
 
     tasks = ls_tasks(4)
     config = load_config(None, overrides(ls_policy_dir, tmp_path / "unused.jsonl", "run.max_steps=4",
-                                         "run.save_steps=100", "run.save_total_limit=1"))
+                                         "run.save_steps=100", "run.save_total_limit=1", *precision))
 
     def trained(directory: Path, stops: list[int]):
         seen = []
@@ -217,6 +220,17 @@ def test_grpo_steps_in_several_train_calls_equal_one_call(tmp_path, ls_policy_di
     whole_rollouts, whole_weights = trained(tmp_path / "whole", [4])
     assert split_rollouts == whole_rollouts and len(split_rollouts) == 4
     assert all(torch.equal(split_weights[name], whole_weights[name]) for name in whole_weights)
+    if precision:
+        from coevolve.master_weights import MasterWeightAdamW
+        from safetensors.torch import load_file
+
+        assert all(value.dtype == torch.bfloat16 for value in whole_weights.values() if value.is_floating_point())
+        before = load_file(str(ls_policy_dir / "model.safetensors"))
+        assert any(not torch.equal(before[name].to(torch.bfloat16), whole_weights[name]) for name in before
+                   if name in whole_weights)
+        saved = torch.load(tmp_path / "split" / "checkpoints" / "checkpoint-4" / "optimizer.pt", weights_only=True)
+        assert all(master.dtype == torch.float32 for master in saved["coevolve_master_weights"])
+        assert MasterWeightAdamW  # the optimizer the trainer built (checked through its saved state above)
 
 
 def test_a_trl_without_the_private_surface_we_override_is_refused_at_start(monkeypatch):

@@ -21,7 +21,9 @@ the rollout benchmark compares against, and the reference the tests check stage 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
 
 from coevolve.policy.backends import Generation, SamplingConfig
 
@@ -65,16 +67,44 @@ def _filter_logits(logits: Any, top_k: int, top_p: float) -> Any:
     return logits
 
 
+def keepable(model: Any) -> bool:
+    """Whether every layer's cache is a plain growing one (`DynamicLayer`), whose rows can be cut out and laid
+    into a later batch. Sliding-window and other layer kinds re-prefill as before."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=base.config).layers)
+
+
+@dataclass(frozen=True)
+class _KeptCache:
+    """One request's KV cache after a call: the tokens it covers and, per layer, (keys, values) of shape
+    (heads, len(tokens), head_dim)."""
+
+    tokens: tuple[int, ...]
+    layers: list[tuple[Any, Any]]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.layers)
+
+
 class TransformersBackend:
     """Token backend over a loaded `transformers` causal LM (see the module docstring)."""
 
-    def __init__(self, model: Any, tokenizer: Any, share_prefill: bool = True) -> None:
+    def __init__(self, model: Any, tokenizer: Any, share_prefill: bool = True, keep_cache: bool = True) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.share_prefill = share_prefill
         self.cache_keyword = cache_keyword(model)
+        self.keep_cache = keep_cache and keepable(model)
         self.prefill_tokens = 0
         """Prompt tokens actually run through the model (a counter the benchmark reads)."""
+        self.kept_bytes_peak = 0
+        """The most bytes of kept caches held at once (the benchmark reports it)."""
+        self._kept: list[_KeptCache] | None = None  # inside `episode_caches`: the caches the last call left
+        self._next: list[_KeptCache] | None = None  # during a call: the caches it leaves
 
     @property
     def device(self) -> Any:
@@ -84,6 +114,28 @@ class TransformersBackend:
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          use_cache=True, logits_to_keep=1, **{self.cache_keyword: cache})
         return out.logits[:, -1, :]
+
+    @contextlib.contextmanager
+    def episode_caches(self) -> Iterator[None]:
+        """Keep each request's KV cache between the calls made inside this block (see the module docstring):
+        the rollout engine opens one per rollout, so caches never outlive the weights that computed them."""
+        if not self.keep_cache or self._kept is not None:  # off, or already open (a nested rollout)
+            yield
+            return
+        self._kept = []
+        try:
+            yield
+        finally:
+            self._kept = None
+
+    def _match(self, prompt: tuple[int, ...]) -> "_KeptCache | None":
+        """The longest kept cache whose tokens are a proper prefix of `prompt` (one token at least is left to run)."""
+        best = None
+        for kept in self._kept or ():
+            length = len(kept.tokens)
+            if length < len(prompt) and (best is None or length > len(best.tokens)) and prompt[:length] == kept.tokens:
+                best = kept
+        return best
 
     def _prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[Any, Any, Any]:
         """Run the prompts; return (cache, last-position logits, attention mask), one row per prompt."""
@@ -95,31 +147,74 @@ class TransformersBackend:
             distinct: dict[tuple[int, ...], int] = {}
             row_of = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
             unique = list(distinct)
-            # Keep at least one suffix token per prompt: its logits start the sampling.
-            prefix_length = min(common_prefix_length(unique), min(len(p) for p in unique) - 1)
         else:
-            row_of, unique, prefix_length = list(range(len(prompts))), [tuple(p) for p in prompts], 0
+            row_of, unique = list(range(len(prompts))), [tuple(p) for p in prompts]
+        # Each distinct prompt's past: a kept cache of an earlier reply of its episode, else (fresh prompts) the
+        # prefix common to all fresh prompts, run once on a batch of one.
+        pasts: list[tuple[int, list[tuple[Any, Any]]] | None] = [None] * len(unique)
+        fresh = []
+        for row, prompt in enumerate(unique):
+            kept = self._match(prompt)
+            if kept is not None:
+                pasts[row] = (len(kept.tokens), kept.layers)
+            else:
+                fresh.append(row)
+        if self.share_prefill and fresh:
+            # Keep at least one suffix token per prompt: its logits start the sampling.
+            length = min(common_prefix_length([unique[r] for r in fresh]), min(len(unique[r]) for r in fresh) - 1)
+            if length > 0:
+                prefix_cache = DynamicCache(config=self.model.config)
+                self._forward(torch.tensor([unique[fresh[0]][:length]], device=device), prefix_cache)
+                self.prefill_tokens += length
+                layers = [(layer.keys[0], layer.values[0]) for layer in prefix_cache.layers]
+                for row in fresh:
+                    pasts[row] = (length, layers)
+        past_lengths = [past[0] if past else 0 for past in pasts]
+        width_past = max(past_lengths)
         cache = DynamicCache(config=self.model.config)
-        if prefix_length > 0:
-            self._forward(torch.tensor([unique[0][:prefix_length]], device=device), cache)
-            cache.batch_repeat_interleave(len(unique))
-        suffixes = [u[prefix_length:] for u in unique]
+        if width_past:
+            self._fill(cache, pasts, width_past)
+        suffixes = [u[length:] for u, length in zip(unique, past_lengths)]
         width = max(len(s) for s in suffixes)
         pad = self.tokenizer.pad_token_id or 0
         input_ids = torch.full((len(unique), width), pad, dtype=torch.long, device=device)
-        mask = torch.zeros((len(unique), prefix_length + width), dtype=torch.long, device=device)
-        mask[:, :prefix_length] = 1
-        for row, suffix in enumerate(suffixes):
+        mask = torch.zeros((len(unique), width_past + width), dtype=torch.long, device=device)
+        for row, (suffix, length) in enumerate(zip(suffixes, past_lengths)):
+            # Padding sits before each row's past and between its past and its suffix: masked, and skipped by the
+            # position ids, so every row sees exactly its own tokens at their own positions.
+            mask[row, width_past - length:width_past] = 1
             input_ids[row, width - len(suffix):] = torch.tensor(suffix, device=device)
-            mask[row, prefix_length + width - len(suffix):] = 1
-        # Positions skip the padding: each real token sits where it would without padding.
-        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)[:, prefix_length:]
+            mask[row, width_past + width - len(suffix):] = 1
+        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)[:, width_past:]
         logits = self._forward(input_ids, cache, attention_mask=mask, position_ids=positions)
-        self.prefill_tokens += prefix_length + sum(len(s) for s in suffixes)
+        self.prefill_tokens += sum(len(s) for s in suffixes)
         index = torch.tensor(row_of, device=device)
         if len(unique) != len(prompts) or row_of != list(range(len(prompts))):
             cache.batch_select_indices(index)
         return cache, logits[index], mask[index]
+
+    def _fill(self, cache: Any, pasts: Sequence[tuple[int, list[tuple[Any, Any]]] | None], width: int) -> None:
+        """Lay each row's past keys/values into `cache`, right-aligned in a batch of `width` slots."""
+        reference = next(past for past in pasts if past)[1]
+        for layer_index, (keys, values) in enumerate(reference):
+            heads, _, head_dim = keys.shape
+            batch_keys = keys.new_zeros((len(pasts), heads, width, head_dim))
+            batch_values = values.new_zeros((len(pasts), values.shape[0], width, values.shape[-1]))
+            for row, past in enumerate(pasts):
+                if past:
+                    length, layers = past
+                    batch_keys[row, :, width - length:] = layers[layer_index][0][:, :length]
+                    batch_values[row, :, width - length:] = layers[layer_index][1][:, :length]
+            cache.update(batch_keys, batch_values, layer_index)
+
+    def _keep(self, cache: Any, live: int, mask: Any, tokens: tuple[int, ...]) -> None:
+        """Keep live row `live`'s cache (its real slots only, compacted) for the next call, keyed by its tokens."""
+        if self._next is None:
+            return
+        real = mask[live].nonzero().squeeze(-1)
+        layers = [(layer.keys[live].index_select(1, real), layer.values[live].index_select(1, real))
+                  for layer in cache.layers]
+        self._next.append(_KeptCache(tokens, layers))
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, stop_token_ids: Sequence[int],
                  budgets: Sequence[int] | None = None) -> list[Generation]:
@@ -143,6 +238,7 @@ class TransformersBackend:
             generator = torch.Generator(device=device)
             generator.manual_seed(sampling.seed)
         cache, logits, mask = self._prefill(prompts)
+        self._next = [] if self._kept is not None else None
         stops = torch.tensor(sorted(set(stop_token_ids)) or [-1], device=device)
         positions = mask.sum(dim=-1)  # next position id of each row
         rows = list(range(len(prompts)))  # request index of each live cache row
@@ -172,6 +268,9 @@ class TransformersBackend:
             # A row also leaves when its own budget is spent (finish stays "length"); every live row has
             # sampled step + 1 tokens so far.
             leaving = stopped | (row_limits <= step + 1)
+            if self._next is not None:  # the cache holds the prompt and every sampled token but the last
+                for live in leaving.nonzero().squeeze(-1).tolist():
+                    self._keep(cache, live, mask, tuple(prompts[rows[live]]) + tuple(tokens[rows[live]][:-1]))
             if bool(leaving.all()):
                 break
             if bool(leaving.any()):
@@ -182,6 +281,9 @@ class TransformersBackend:
             mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
             logits = self._forward(chosen[:, None], cache, attention_mask=mask, position_ids=positions[:, None])
             positions = positions + 1
+        if self._next is not None:  # what this call left replaces what the last one did: finished episodes drop out
+            self._kept, self._next = self._next, None
+            self.kept_bytes_peak = max(self.kept_bytes_peak, sum(kept.nbytes for kept in self._kept))
         stop_set = set(stop_token_ids)
         generations = []
         for row in range(len(prompts)):
