@@ -27,7 +27,12 @@ Method:
   tool-result/template tokens; both include the end-of-turn token when the model emitted it); tool calls (ours:
   calls sent to the env, malformed ones included; TRL: its own `tool_call_count`, i.e. parsed calls dispatched,
   failures included); wall seconds of the whole call (env resets, prompt rendering, generation, tool calls).
-- Rounds are interleaved (`--rounds`, each round runs TRL, ours, ours-unshared once) after one small warm-up;
+- Paths of ours: the shared prefill with each episode's KV cache kept across its replies (the default), the
+  shared prefill re-prefilling each reply's whole context (`keep_cache=False`), and neither.
+- Roofline: `bench/roofline.py` times this machine's matrix products at the model's shapes (fp32 and bf16) and
+  counts our paths' forward passes; each path's seconds are reported as a multiple of the seconds those passes
+  need at that throughput. Kept caches: the most bytes held at once (`kept_bytes_peak`).
+- Rounds are interleaved (`--rounds`, each round runs every path once) after one small warm-up;
   the best round of each path is reported. Figures are ratios ours/TRL; the machine is small and noisy.
 
 Usage: `python bench/rollout.py [--model smollm2|tiny] [--tasks 4] [--group-size 4] [--max-tokens 160]
@@ -182,19 +187,22 @@ def run_trl(trainer, inputs, captured, seed: int) -> dict:
             "prompt_tokens": sum(len(p) for p in prompt_ids) / len(prompt_ids), "prefill": None}
 
 
-def run_ours(env, tasks, backend, renderer, config, seed: int) -> dict:
+def run_ours(env, tasks, backend, renderer, config, seed: int, counter=None) -> dict:
     import torch
 
     from coevolve.rollout import rollout
 
     torch.manual_seed(seed)
-    backend.prefill_tokens = 0
+    backend.prefill_tokens = backend.kept_bytes_peak = 0
+    if counter is not None:
+        counter.take()
     batch = rollout(env, tasks, backend, renderer, config)
     trajectories = batch.trajectories
     return {"episodes": len(trajectories), "model_tokens": sum(sum(t.completion_mask) for t in trajectories),
             "calls": sum(len(t.steps) for t in trajectories), "seconds": batch.seconds,
             "prompt_tokens": sum(len(t.prompt_ids) for t in trajectories) / len(trajectories),
-            "prefill": backend.prefill_tokens}
+            "prefill": backend.prefill_tokens, "forwards": counter.take() if counter is not None else [],
+            "kept_bytes": backend.kept_bytes_peak, "generate_calls": batch.generation_calls}
 
 
 def main() -> None:
@@ -239,22 +247,31 @@ def main() -> None:
     model.eval()
     config = RolloutConfig(group_size=K, max_new_tokens=M, max_episode_tokens=M, max_replies_per_turn=R,
                            max_turns=1, sampling=SamplingConfig(temperature=TEMPERATURE))
-    shared = TransformersBackend(model, tokenizer, share_prefill=True)
-    unshared = TransformersBackend(model, tokenizer, share_prefill=False)
+    from bench.roofline import Counter, measure
+
+    kept = TransformersBackend(model, tokenizer, share_prefill=True, keep_cache=True)
+    shared = TransformersBackend(model, tokenizer, share_prefill=True, keep_cache=False)
+    unshared = TransformersBackend(model, tokenizer, share_prefill=False, keep_cache=False)
+    counters = {id(backend): Counter(backend) for backend in (kept, shared, unshared)}
+    rooflines = [measure(model, torch.float32), measure(model, torch.bfloat16)]
 
     # Warm-up: one small call per path (first-call allocations, lazy imports, template compilation).
     warm = RolloutConfig(group_size=2, max_new_tokens=8, max_episode_tokens=8, max_replies_per_turn=1, max_turns=1,
                          sampling=SamplingConfig(temperature=TEMPERATURE))
-    run_ours(env, tasks[:1], shared, renderer, warm, 0)
-    run_ours(env, tasks[:1], unshared, renderer, warm, 0)
+    for backend in (kept, shared, unshared):
+        run_ours(env, tasks[:1], backend, renderer, warm, 0)
     saved_length, saved_budget = trainer.max_completion_length, trainer.generation_config.max_new_tokens
     trainer.max_completion_length = trainer.generation_config.max_new_tokens = 8
     run_trl(trainer, inputs[:K], captured, 0)
     trainer.max_completion_length, trainer.generation_config.max_new_tokens = saved_length, saved_budget
 
     paths = {"TRL GRPOTrainer tool loop": lambda seed: run_trl(trainer, inputs, captured, seed),
-             "ours (shared prefill)": lambda seed: run_ours(env, tasks, shared, renderer, config, seed),
-             "ours (no prefill sharing)": lambda seed: run_ours(env, tasks, unshared, renderer, config, seed)}
+             "ours (shared prefill, kept cache)": lambda seed: run_ours(env, tasks, kept, renderer, config, seed,
+                                                                        counters[id(kept)]),
+             "ours (shared prefill, each reply re-prefilled)": lambda seed: run_ours(
+                 env, tasks, shared, renderer, config, seed, counters[id(shared)]),
+             "ours (no prefill sharing, re-prefilled)": lambda seed: run_ours(env, tasks, unshared, renderer, config,
+                                                                               seed, counters[id(unshared)])}
     best: dict[str, dict] = {}
     for round_index in range(args.rounds):
         for name, run in paths.items():
@@ -265,7 +282,7 @@ def main() -> None:
             if name not in best or result["seconds"] < best[name]["seconds"]:
                 best[name] = result
 
-    trl_key, ours_key, unshared_key = list(paths)
+    trl_key, ours_key, reprefill_key, unshared_key = list(paths)
     prompt_trl, prompt_ours = best[trl_key]["prompt_tokens"], best[ours_key]["prompt_tokens"]
     gap = abs(prompt_trl - prompt_ours) / prompt_ours
     print(f"mean prompt tokens: ours {prompt_ours:.0f}, TRL {prompt_trl:.0f} ({gap:.1%} apart"
@@ -274,21 +291,43 @@ def main() -> None:
     def per_second(result, key):
         return result[key] / result["seconds"]
 
-    rows = ["| path | episodes/s | model tokens/s | model tokens | tool calls | seconds (best round) |",
-            "|---|---:|---:|---:|---:|---:|"]
+    fp32 = rooflines[0]
+    rows = ["| path | episodes/s | model tokens/s | model tokens | tool calls | prefilled tokens | seconds (best round) "
+            "| roofline s (its shapes) | x roofline | roofline s (large M) | x large-M roofline |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, result in best.items():
+        if result.get("forwards"):
+            shaped, flat = fp32.seconds(result["forwards"]), fp32.seconds(result["forwards"], best_only=True)
+            prefilled = str(result["prefill"])
+        else:  # TRL: its forward calls are not counted; its tokens through the model, every product at the best M
+            ran = round(result["prompt_tokens"] * result["episodes"]) + result["model_tokens"]
+            shaped, flat, prefilled = None, fp32.flat_seconds(ran), f"~{ran} (prompt + completion, once each)"
         rows.append(f"| {name} | {per_second(result, 'episodes'):.3f} | {per_second(result, 'model_tokens'):.1f} | "
-                    f"{result['model_tokens']} | {result['calls']} | {result['seconds']:.1f} |")
-    ours, theirs, plain = best[ours_key], best[trl_key], best[unshared_key]
+                    f"{result['model_tokens']} | {result['calls']} | {prefilled} | {result['seconds']:.1f} | "
+                    + (f"{shaped:.1f} | {result['seconds'] / shaped:.2f} | " if shaped else "- | - | ")
+                    + f"{flat:.1f} | {result['seconds'] / flat:.2f} |")
+    throughput = ["| dtype | " + " | ".join(f"M={m}" for m in fp32.throughput) + " |",
+                  "|---|" + "---:|" * len(fp32.throughput)]
+    for roofline in rooflines:
+        throughput.append(f"| {roofline.dtype} | " + " | ".join(f"{v / 1e9:.1f}" for v in roofline.throughput.values())
+                          + " |")
+    ours, theirs, plain, reprefill = best[ours_key], best[trl_key], best[unshared_key], best[reprefill_key]
     episode_ratio = per_second(ours, "episodes") / per_second(theirs, "episodes")
     token_ratio = per_second(ours, "model_tokens") / max(per_second(theirs, "model_tokens"), 1e-9)
     share_ratio = per_second(ours, "episodes") / per_second(plain, "episodes")
     ratios = [
-        f"- ours / TRL: **{episode_ratio:.2f}x** episodes/s, **{token_ratio:.2f}x** model tokens/s.",
-        f"- shared / unshared prefill (ours): **{share_ratio:.2f}x** episodes/s; prefill tokens run "
+        f"- ours (kept cache) / TRL: **{episode_ratio:.2f}x** episodes/s, **{token_ratio:.2f}x** model tokens/s.",
+        f"- shared prefill + kept cache / neither (ours): **{share_ratio:.2f}x** episodes/s; prefill tokens run "
         f"{ours['prefill']} vs {plain['prefill']} ({plain['prefill'] / max(ours['prefill'], 1):.1f}x fewer).",
+        f"- kept cache / re-prefilled (ours, both sharing the prefix): "
+        f"**{per_second(ours, 'episodes') / per_second(reprefill, 'episodes'):.2f}x** episodes/s; prefill tokens "
+        f"{ours['prefill']} vs {reprefill['prefill']} over {ours['generate_calls']} generate calls; the kept caches "
+        f"held at most {ours['kept_bytes'] / 2**20:.0f} MiB at once (freed when the rollout ends).",
+        f"- ours (kept cache) against the roofline at the shapes it ran: **{ours['seconds'] / fp32.seconds(ours['forwards']):.2f}x** "
+        f"(goal <= 2x); against every product at the best M: {ours['seconds'] / fp32.seconds(ours['forwards'], True):.2f}x.",
     ]
-    table = "\n".join(rows + [""] + ratios)
+    table = "\n".join(rows + [""] + ratios + ["", "This machine's matrix throughput, GFLOP/s, the model's linear "
+                                                   "shapes at M rows (`bench/roofline.py`):", ""] + throughput)
     print(table)
 
     command = "python bench/rollout.py" + "".join(
@@ -313,9 +352,14 @@ episode, R={R} tool rounds, temperature {TEMPERATURE}, {args.demos} worked examp
 What differs between the loops: TRL re-prefills every still-calling episode's whole conversation (prompt and
 completion so far) at each tool round, runs the K copies of a prompt as separate rows, and lets every generation
 call sample up to M new tokens before cutting the episode to its M-token budget; ours prefills the prefix common
-to all prompts once and each distinct prompt once for its K samples, keeps each episode's KV state only within
-one generation call (it too re-prefills the context at the next step, but shares the common prefix), and gives
-each reply only what is left of its episode's budget. TRL also generates once more after the R-th tool round.
+to all prompts once and each distinct prompt once for its K samples, keeps each episode's KV cache from one reply
+to the next (the reply after a tool result prefills only the result and the template around it; the
+"re-prefilled" rows rebuild it at every call, as this engine did before), and gives each reply only what is left
+of its episode's budget. TRL also generates once more after the R-th tool round. The roofline columns
+(`bench/roofline.py`): the seconds the path's forward passes need at this machine's measured matrix throughput
+for the shapes they ran (decoding runs products of a few rows, where this CPU is slow), and with every product at
+the best throughput measured; TRL's forward calls are not counted, so its figure is its tokens (each prompt and
+completion once, the least it could run) at the best throughput.
 The tool-call columns count calls per path: the 135M model calls tools in few episodes, so these figures are
 mostly its first replies. Long multi-turn episodes, where both loops re-prefill each step, are not measured here.
 """

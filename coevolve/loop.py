@@ -142,6 +142,9 @@ class IterationMetrics:
     patterns: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     """`SignalReport.pattern_summary()`: per n-gram size, the action patterns seen (total, distinct), the rare ones
     and the θ that decided it."""
+    train_seconds: Mapping[str, float] = field(default_factory=dict)
+    """The train phase's seconds by part, summed over the iteration's steps (`coevolve.train_log`): rollout, loss,
+    optimizer, logging, save, resume."""
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(asdict(self)))
@@ -224,7 +227,7 @@ def grpo_steps(run: "Run", t: int, tasks: Sequence[Task]) -> list[Trajectory]:
         run.rollouts.assign_slots(tasks, t, run.slots)
         run.samples_log.rewrite(lambda row: row.get("iteration") != t)  # a resumed iteration draws the same sample
         run.samples_log.append({"iteration": t, "task_ids": [task.id for task in tasks]})
-        reached = train_steps(run.trainer, run.directory, last)
+        reached = train_steps(run.trainer, run.directory, last, run.clock)
         if reached < last:  # TRL's epoch/step bookkeeping disagreeing with ours: never report steps not trained
             raise TrainingError(f"iteration {t} trained to step {reached}, not {last}; if resumed, the checkpoint's "
                                 "trainer_state.json may not match this config (prompts_per_step, group_size, "
@@ -369,6 +372,7 @@ def record_iteration(run: "Run", t: int, trajectories: Sequence[Trajectory], rep
         evaluated.by_calls if evaluated is not None else {},
         evaluated.by_tools if evaluated is not None else {},
         report.pattern_summary() if report is not None else {},
+        run.clock.take() if run.clock is not None and t else {},
     )
     run.metrics_log.append(metrics.to_dict())
     if t == 0:
@@ -439,6 +443,8 @@ class Run:
     """A fixed generation backend (tests, benchmarks, mode zero-shot), else the model being trained."""
     abstractor: Any = None
     offline_explorer: Any = None
+    clock: Any = None
+    """Where the train phase's seconds go (`coevolve.train_log.StepClock`)."""
 
     def __post_init__(self) -> None:
         loop = self.config.loop
@@ -531,7 +537,8 @@ def resume_plan(run: Run, resume: bool) -> ResumePlan:
 def build_trainer(run: Run, tokenizer: Any) -> None:
     """TRL's GRPO trainer over the run's model, with our rollouts (`coevolve.train`) as its rollout function."""
     from coevolve.policy.models import resolve_model
-    from coevolve.train import EnvRollouts, build_trainer as trl_trainer, metrics_callback, slot_dataset
+    from coevolve.train import EnvRollouts, build_trainer as trl_trainer, slot_dataset
+    from coevolve.train_log import StepClock, metrics_callback
     from coevolve.rollout import trajectory_summary
 
     config, pending = run.config, {}
@@ -544,8 +551,10 @@ def build_trainer(run: Run, tokenizer: Any) -> None:
                                seed=config.run.seed, mask_truncated=config.grpo.mask_truncated, backend=run.backend,
                                on_step=on_step, reward=config.grpo.reward, partial_credit=config.grpo.partial_credit,
                                max_consecutive_failures=config.rollout.max_consecutive_failures)
+    run.clock = StepClock(lambda: run.rollouts.last.seconds if run.rollouts.last is not None else 0.0)
     run.trainer = trl_trainer(config, run.directory, resolve_model(config.model.name), tokenizer, run.rollouts, [],
-                              callbacks=[metrics_callback(run.steps_log, pending), config_callback(config)],
+                              callbacks=[metrics_callback(run.steps_log, pending), config_callback(config),
+                                         run.clock.callback()],
                               dataset=slot_dataset(run.slots))
     quiet_console(run.trainer, config.run.max_steps, run.is_main)
 

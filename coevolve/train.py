@@ -60,7 +60,6 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "exper
 
 from coevolve.config import Config, ConfigError
 from coevolve.envs.base import Env
-from coevolve.jsonl import JsonLines
 from coevolve.policy.backends import SamplingConfig
 from coevolve.policy.chat import ChatRenderer
 from coevolve.records import Task, Trajectory
@@ -403,6 +402,14 @@ def _trainer_class() -> type:
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
 
+        def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+            """TRL's load, skipped when the model in memory holds exactly the checkpoint's weights: the previous
+            `train()` call of this process trained them and saved that checkpoint (`train_steps`). The optimizer,
+            scheduler and RNG state still come from the checkpoint."""
+            if model is None and self.coevolve_weights_at == checkpoint_step(Path(resume_from_checkpoint)):
+                return None
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+
         def create_optimizer(self, model=None):
             """TRL's AdamW, on fp32 copies of the weights under `grpo.master_weights` (`coevolve.master_weights`)."""
             from coevolve.master_weights import MasterWeightAdamW, with_master_weights
@@ -416,6 +423,8 @@ def _trainer_class() -> type:
         coevolve_skip_flat = True
         coevolve_shared_prefix = True
         coevolve_master_weights = False
+        coevolve_weights_at: int | None = None
+        """The checkpoint step whose weights the model holds in memory (set by `train_steps`)."""
 
         def single_process(self) -> bool:
             return (self.accelerator.num_processes == 1 and not self.is_deepspeed_enabled
@@ -552,12 +561,12 @@ def check_trainer(trainer: Any) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def train_steps(trainer: Any, directory: Path, until_step: int) -> int:
+def train_steps(trainer: Any, directory: Path, until_step: int, clock: Any = None) -> int:
     """Run GRPO steps up to optimizer step `until_step` (saving a checkpoint there), resuming from the run's last
     checkpoint; returns the global step reached. Each call is a `trainer.train(resume_from_checkpoint=...)`: the
     weights, optimizer, scheduler, RNG and step counter come back from the checkpoint the previous call saved, so
     a run of T calls trains exactly as one call over all steps would (tested), and a run resumed after a kill
-    takes the very same path."""
+    takes the very same path; `clock` (`coevolve.train_log.StepClock`) times the call's start as `resume`."""
     from transformers import TrainerCallback
 
     class _StopAt(TrainerCallback):
@@ -570,10 +579,18 @@ def train_steps(trainer: Any, directory: Path, until_step: int) -> int:
     checkpoint = last_checkpoint(directory)
     stop = _StopAt()
     trainer.add_callback(stop)
+    if clock is not None:
+        clock.started()
     try:
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    except BaseException:
+        trainer.coevolve_weights_at = None  # the weights in memory may be half a step past any checkpoint
+        raise
     finally:
         trainer.remove_callback(stop)
+    # The call saved a checkpoint at its last step (`_StopAt`) from these very weights: the next call may skip
+    # reading them back (`_load_from_checkpoint`).
+    trainer.coevolve_weights_at = trainer.state.global_step
     return trainer.state.global_step
 
 
@@ -591,21 +608,3 @@ def last_checkpoint(output_dir: Path) -> Path | None:
     folder = output_dir / CHECKPOINTS
     done = [p for p in folder.glob("checkpoint-*") if (p / "trainer_state.json").exists()] if folder.exists() else []
     return max(done, key=checkpoint_step, default=None)
-
-
-def metrics_callback(metrics: JsonLines, pending: dict[int, dict[str, Any]]) -> Any:
-    """A `TrainerCallback` writing one metrics line per logged step: TRL's logs (loss, reward, KL, clip ratios,
-    learning rate) merged with our rollout summary of that step."""
-    from transformers import TrainerCallback
-
-    class _Metrics(TrainerCallback):
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if not logs or "train_runtime" in logs:  # the final summary line of `train()` is not a step
-                return
-            record = {"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
-            for step in sorted(s for s in pending if s <= state.global_step):
-                record.update({k: v for k, v in pending.pop(step).items() if k != "step"})
-            if state.is_world_process_zero:  # one line per step; rollout/* are the main process's share of it
-                metrics.append(record)
-
-    return _Metrics()
