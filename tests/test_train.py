@@ -216,7 +216,21 @@ def test_grpo_steps_in_several_train_calls_equal_one_call(tmp_path, ls_policy_di
             assert train_steps(trainer, directory, stop) == stop
         return seen, {name: value.detach().clone() for name, value in trainer.model.state_dict().items()}
 
-    split_rollouts, split_weights = trained(tmp_path / "split", [2, 4])
+    import transformers
+
+    loads = []
+    original = transformers.Trainer._load_from_checkpoint
+
+    def counted(self, *args, **kwargs):
+        loads.append(args)
+        return original(self, *args, **kwargs)
+
+    transformers.Trainer._load_from_checkpoint = counted
+    try:
+        split_rollouts, split_weights = trained(tmp_path / "split", [2, 4])
+    finally:
+        transformers.Trainer._load_from_checkpoint = original
+    assert loads == []  # the second call resumed from checkpoint-2 without reading back the weights it holds
     whole_rollouts, whole_weights = trained(tmp_path / "whole", [4])
     assert split_rollouts == whole_rollouts and len(split_rollouts) == 4
     assert all(torch.equal(split_weights[name], whole_weights[name]) for name in whole_weights)

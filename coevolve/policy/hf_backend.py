@@ -77,6 +77,58 @@ def keepable(model: Any) -> bool:
     return all(type(layer) is DynamicLayer for layer in DynamicCache(config=base.config).layers)
 
 
+def _growing_layer_class() -> type:
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        """A `DynamicLayer` that writes each step's keys/values into spare room instead of concatenating: the
+        plain layer copies its whole cache at every decoded token (`torch.cat`), which at batch 16 and ~1,000
+        tokens of context is most of a decode step's memory traffic here. `keys`/`values` are views of the
+        filled part (the last dimension stays contiguous), so attention and masks read them as before."""
+
+        reserve = 64
+        """Room added beyond what an update needs, in tokens (set to the call's longest reply budget)."""
+
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.length = 0
+            self.key_room = self.value_room = None
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.device, self.is_initialized = key_states.device, True
+            new = key_states.shape[-2]
+            if self.key_room is None or self.length + new > self.key_room.shape[-2]:
+                room = self.length + new + self.reserve
+                keys = key_states.new_empty((*key_states.shape[:2], room, key_states.shape[-1]))
+                values = value_states.new_empty((*value_states.shape[:2], room, value_states.shape[-1]))
+                if self.length:
+                    keys[:, :, :self.length] = self.keys
+                    values[:, :, :self.length] = self.values
+                self.key_room, self.value_room = keys, values
+            self.key_room[:, :, self.length:self.length + new] = key_states
+            self.value_room[:, :, self.length:self.length + new] = value_states
+            self.length += new
+            self.keys, self.values = self.key_room[:, :, :self.length], self.value_room[:, :, :self.length]
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.length
+
+        def _rows(self, pick) -> None:
+            if self.length:
+                self.key_room, self.value_room = pick(self.key_room), pick(self.value_room)
+                self.keys, self.values = self.key_room[:, :, :self.length], self.value_room[:, :, :self.length]
+
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            self._rows(lambda room: room.repeat_interleave(repeats, dim=0))
+
+        def batch_select_indices(self, indices) -> None:
+            self._rows(lambda room: room[indices, ...])
+
+    return GrowingLayer
+
+
 @dataclass(frozen=True)
 class _KeptCache:
     """One request's KV cache after a call: the tokens it covers and, per layer, (keys, values) of shape
@@ -98,7 +150,9 @@ class TransformersBackend:
         self.tokenizer = tokenizer
         self.share_prefill = share_prefill
         self.cache_keyword = cache_keyword(model)
-        self.keep_cache = keep_cache and keepable(model)
+        plain = keepable(model)
+        self.keep_cache = keep_cache and plain
+        self.growing_layer = _growing_layer_class() if plain else None
         self.prefill_tokens = 0
         """Prompt tokens actually run through the model (a counter the benchmark reads)."""
         self.kept_bytes_peak = 0
@@ -171,7 +225,7 @@ class TransformersBackend:
                     pasts[row] = (length, layers)
         past_lengths = [past[0] if past else 0 for past in pasts]
         width_past = max(past_lengths)
-        cache = DynamicCache(config=self.model.config)
+        cache = self._new_cache()
         if width_past:
             self._fill(cache, pasts, width_past)
         suffixes = [u[length:] for u, length in zip(unique, past_lengths)]
@@ -192,6 +246,16 @@ class TransformersBackend:
         if len(unique) != len(prompts) or row_of != list(range(len(prompts))):
             cache.batch_select_indices(index)
         return cache, logits[index], mask[index]
+
+    def _new_cache(self) -> Any:
+        """A cache for one generate call: growing layers with room for the call's replies, where every layer is
+        a plain one (`keepable`)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        if self.growing_layer is not None:
+            cache.layers = [self.growing_layer() for _ in cache.layers]
+        return cache
 
     def _fill(self, cache: Any, pasts: Sequence[tuple[int, list[tuple[Any, Any]]] | None], width: int) -> None:
         """Lay each row's past keys/values into `cache`, right-aligned in a batch of `width` slots."""
@@ -237,6 +301,8 @@ class TransformersBackend:
         if sampling.seed is not None:
             generator = torch.Generator(device=device)
             generator.manual_seed(sampling.seed)
+        if self.growing_layer is not None:
+            self.growing_layer.reserve = max(limits) + 1
         cache, logits, mask = self._prefill(prompts)
         self._next = [] if self._kept is not None else None
         stops = torch.tensor(sorted(set(stop_token_ids)) or [-1], device=device)
