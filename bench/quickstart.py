@@ -22,7 +22,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -45,14 +44,11 @@ def read_run(directory: Path) -> dict:
             "accepted": [m["synthesis"].get("accepted", 0) for m in metrics[1:]]}
 
 
-def run_seed(seed: int, output: Path, extra: Sequence[str] = (), source: Path = REPO) -> dict:
-    """One `coevolve train` of the quickstart config; `source`: a checkout whose code runs instead of this one's
-    (the same venv: its `coevolve` package comes first on the path)."""
+def run_seed(seed: int, output: Path) -> dict:
     started = time.perf_counter()
-    env = {**os.environ, "PYTHONPATH": str(source)} if source != REPO else None
-    done = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "coevolve.cli", "train", "--config",
-                           str(source / "configs" / "quickstart.yaml"), "--output-dir", str(output), f"run.seed={seed}",
-                           *extra], cwd=source, capture_output=True, text=True, env=env)
+    done = subprocess.run([str(REPO / ".venv" / "bin" / "coevolve"), "train", "--config",
+                           str(REPO / "configs" / "quickstart.yaml"), "--output-dir", str(output), f"run.seed={seed}"],
+                          cwd=REPO, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"seed {seed} failed:\n{done.stderr[-3000:]}")
     return {"seed": seed, "seconds": time.perf_counter() - started, **read_run(output)}

@@ -60,7 +60,8 @@ The run directory:
     config.yaml          the resolved config
     metrics.jsonl        one line per iteration (0 = before training): train and held-out success, signal counts,
                          the synthesis summary (candidates, accepted, rejected by code, skipped), pool size by source,
-                         seconds per phase (train, signals, synthesis, eval), the feedback share of wall time
+                         seconds per phase (train, signals, synthesis, eval) and of the train phase by part
+                         (`train_seconds`: rollout, loss, optimizer, logging, save, resume), the feedback share
     steps.jsonl          one line per optimizer step: TRL's loss/reward/KL/clip ratios + our rollout summary
     rollouts.jsonl       one line per trajectory trained on (iteration, step, calls, score, reasons; no token ids);
                          with N processes each writes its share (rollouts.pI.jsonl for process I > 0)

@@ -1,22 +1,36 @@
-"""The transformers generation backend (CPU or GPU): batched sampling with a shared prefill.
+"""The transformers generation backend (CPU or GPU): batched sampling with a shared prefill, and each episode's
+KV cache kept from one reply to the next.
 
 Why not `model.generate`: GRPO samples K replies per prompt, and on the CPU the repeated prefill of a long prompt
-dominates (8 copies of a 900-token prompt: ~25 s, against ~4 s when prefilled once). This backend prefills in
+dominates (8 copies of a 900-token prompt: ~25 s, against ~4 s when prefilled once). A generate call prefills in
 three stages over one KV cache:
 
-1. the longest prefix common to every prompt of the call (the system prompt, tool list and demonstrations that
-   all tasks share) is run once, on a batch of one;
-2. the cache is repeated for each *distinct* prompt and the distinct suffixes are run as one batch, padded in the
-   middle (between the shared prefix and the suffix) with an attention mask that hides the padding and position
-   ids that skip it, so every row sees exactly its own prompt at its own positions;
+1. each distinct prompt's *past*: inside `episode_caches()` (the rollout engine opens one per rollout), the cache
+   an earlier call of the same rollout left for a request whose tokens are a prefix of this prompt (the same
+   episode's previous reply: the prompt then adds only the last sampled token, the tool results or user turn and
+   the template around them); for the other prompts, the longest prefix common to all of them (the system prompt,
+   tool list and demonstrations every task shares), run once on a batch of one;
+2. the pasts are laid right-aligned into one batch cache and the rest of every distinct prompt is run as one
+   batch, padded before each past and between past and rest, with an attention mask that hides the padding and
+   position ids that skip it, so every row sees exactly its own tokens at their own positions;
 3. the cache rows are copied to the requests (the K samples of a prompt share its row) and decoding proceeds
-   token by token over all requests; a request leaves the batch (its cache row is dropped) when it samples a
-   stop token or reaches its token budget.
+   token by token over all requests; a request leaves the batch when it samples a stop token or reaches its
+   token budget, and (inside `episode_caches()`) its cache row is kept, compacted to its real slots and keyed by
+   the tokens it covers (the prompt and every sampled token but the last, which was never run).
+
+What a call keeps replaces what the previous call kept, so the caches held are at most one call's requests
+(an episode that ended is not in the next call, and its cache goes then); all of them go when the block ends,
+before the weights change. Kept caches change which tokens are run, not what they compute: greedy tokens are
+the same as re-prefilling gives, sampled tokens and log-probabilities the same within float rounding (tested).
+Only models whose every cache layer is a plain growing one keep caches (`keepable`); others re-prefill. Decoding
+writes each token's keys/values into room preallocated for the call's longest reply (`GrowingLayer`) instead of
+transformers' `torch.cat` of the whole cache at every token.
 
 Sampling: temperature, top-k, top-p, or greedy at temperature 0; one `torch.Generator` per call, seeded from
 `SamplingConfig.seed` when given. Logprobs are `log_softmax(logits / temperature)` of the chosen token (see
-`coevolve.policy.backends`). `share_prefill=False` runs every request's whole prompt as its own row (the baseline
-the rollout benchmark compares against, and the reference the tests check stage 1-3 against).
+`coevolve.policy.backends`). `share_prefill=False` runs every request's whole prompt as its own row and
+`keep_cache=False` re-prefills every call's contexts (the baselines the rollout benchmark compares against, and
+the references the tests check the stages against).
 """
 
 from __future__ import annotations
