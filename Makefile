@@ -67,6 +67,7 @@ bench: venv
 	$(BIN)/python bench/quickstart.py --seeds 0 1 2 --fresh-clone
 	$(BIN)/python bench/shared_prefix.py
 	$(BIN)/python bench/precision.py
+	$(BIN)/python bench/step_time.py
 	$(BIN)/python bench/replicate_jobs.py
 
 # GPU hosts: vLLM vs transformers rollouts and one loop iteration (bench/gpu.sh builds .venv-gpu; set WHEELHOUSE
