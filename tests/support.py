@@ -87,7 +87,7 @@ def run_record(directory: Path) -> dict:
     from coevolve.jsonl import read_jsonl
     from coevolve.pool import TaskPool
 
-    metrics = [{k: v for k, v in m.items() if k not in ("seconds", "feedback_share")}
+    metrics = [{k: v for k, v in m.items() if k not in ("seconds", "train_seconds", "feedback_share")}
                for m in read_jsonl(directory / "metrics.jsonl")]
     for m in metrics:
         m.get("synthesis", {}).pop("seconds", None)
