@@ -98,9 +98,9 @@ from coevolve.jsonl import JsonLines, atomic_write_text
 from coevolve.pool import BatchMix, TaskPool, recently_solved
 from coevolve.records import SIGNAL_KINDS, ExplorationContext, Task, Trajectory
 from coevolve.report import write_report
-from coevolve.run_setup import (CHECKPOINT_CONFIG, METRICS, build_env, build_eval, build_renderer, check_processes,
+from coevolve.run_setup import (METRICS, build_env, build_eval, build_renderer, build_trainer, check_processes,
                                 first_heldout, last_heldout, load_tasks, open_pool, policy_backend, prepare_run,
-                                process_state, quiet_console, run_logging, summary_of, summary_table)
+                                process_state, resume_plan, run_logging, summary_of, summary_table, PhaseTimer)
 from coevolve.signals import SignalReport, extract_signals
 from coevolve.synthesis import (Deadline, Stage, SynthesisResult, abstract, build_abstractor, build_explorer, explore,
                                 signal_contexts, synthesis_result, validate)
@@ -144,7 +144,7 @@ class IterationMetrics:
     """`SignalReport.pattern_summary()`: per n-gram size, the action patterns seen (total, distinct), the rare ones
     and the θ that decided it."""
     train_seconds: Mapping[str, float] = field(default_factory=dict)
-    """The train phase's seconds by part, summed over the iteration's steps (`coevolve.train_log`): rollout, loss,
+    """The train phase's seconds by part, summed over the iteration's steps (`coevolve.train_calls`): rollout, loss,
     optimizer, logging, save, resume."""
 
     def to_dict(self) -> dict[str, Any]:
@@ -219,7 +219,8 @@ def grpo_steps(run: "Run", t: int, tasks: Sequence[Task]) -> list[Trajectory]:
     """2. GRPO steps of iteration t on `tasks` (the trainer's slots stand for them), up to its last step; returns
     the trajectories they trained on, read back from rollouts.jsonl. Steps already in the last checkpoint are not
     trained again (a resumed run); their rollouts are in the log."""
-    from coevolve.train import TrainingError, checkpoint_step, last_checkpoint, load_weights, train_steps
+    from coevolve.train import TrainingError
+    from coevolve.train_calls import checkpoint_step, last_checkpoint, load_weights, train_steps
 
     first, last = run.step_range(t)
     checkpoint = last_checkpoint(run.directory)
@@ -403,21 +404,6 @@ def pool_sizes(pool: TaskPool, t: int) -> dict[str, int]:
     return {**sizes, "total": sum(sizes.values())}
 
 
-class PhaseTimer:
-    """Wall seconds per named phase (`with timer("train"): ...`)."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, phase: str) -> Iterator[None]:
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - started
-
-
 # ===============================================================================================================
 # Plumbing: what the phases share, the run directory, D_0, the prompt, the trainer, resume
 # ===============================================================================================================
@@ -445,7 +431,7 @@ class Run:
     abstractor: Any = None
     offline_explorer: Any = None
     clock: Any = None
-    """Where the train phase's seconds go (`coevolve.train_log.StepClock`)."""
+    """Where the train phase's seconds go (`coevolve.train_calls.StepClock`)."""
 
     def __post_init__(self) -> None:
         loop = self.config.loop
@@ -508,72 +494,6 @@ class Run:
             return
         with self.generation() as backend:
             yield build_explorer(self.config.synthesis, backend, self.renderer)
-
-
-@dataclass(frozen=True)
-class ResumePlan:
-    """Where a run picks up: the step of its last checkpoint and the first iteration without a metrics line."""
-
-    checkpoint_step: int
-    first_iteration: int
-    baseline_done: bool
-
-
-def resume_plan(run: Run, resume: bool) -> ResumePlan:
-    """Decide what a (resumed) run still has to do, and drop the log lines of steps lost with a kill: those steps
-    train again with the same seeds, so their lines would otherwise come twice."""
-    from coevolve.train import checkpoint_step, last_checkpoint
-
-    checkpoint = last_checkpoint(run.directory) if resume else None
-    step = checkpoint_step(checkpoint) if checkpoint else 0
-    if resume and checkpoint is None and run.config.run.mode != "zero-shot":
-        run.say(f"no checkpoint in {run.directory / 'checkpoints'} yet: training from step 0")
-    for log in (run.steps_log, run.rollouts_log):
-        log.truncate_after(step)
-    recorded = run.recorded()
-    pending = [t for t in range(1, run.iterations + 1) if t not in recorded]
-    return ResumePlan(step, pending[0] if pending else run.iterations + 1, 0 in recorded)
-
-
-def build_trainer(run: Run, tokenizer: Any) -> None:
-    """TRL's GRPO trainer over the run's model, with our rollouts (`coevolve.train`) as its rollout function."""
-    from coevolve.policy.models import resolve_model
-    from coevolve.train import EnvRollouts, build_trainer as trl_trainer, slot_dataset
-    from coevolve.train_log import StepClock, metrics_callback
-    from coevolve.rollout import trajectory_summary
-
-    config, pending = run.config, {}
-
-    def on_step(record) -> None:
-        pending[record.step] = record.summary()
-        run.rollouts_log.extend([{"step": record.step, **trajectory_summary(t)} for t in record.trajectories])
-
-    run.rollouts = EnvRollouts(run.env, run.pool.tasks_at(0), run.renderer, config.rollout.engine(),
-                               seed=config.run.seed, mask_truncated=config.grpo.mask_truncated, backend=run.backend,
-                               on_step=on_step, reward=config.grpo.reward, partial_credit=config.grpo.partial_credit,
-                               max_consecutive_failures=config.rollout.max_consecutive_failures)
-    run.clock = StepClock(lambda: run.rollouts.last.seconds if run.rollouts.last is not None else 0.0)
-    run.trainer = trl_trainer(config, run.directory, resolve_model(config.model.name), tokenizer, run.rollouts, [],
-                              callbacks=[metrics_callback(run.steps_log, pending), config_callback(config),
-                                         run.clock.callback()],
-                              dataset=slot_dataset(run.slots))
-    quiet_console(run.trainer, config.run.max_steps, run.is_main)
-
-
-def config_callback(config: Config) -> Any:
-    """A `TrainerCallback` that saves the run's config into every checkpoint (what `--resume` compares against)."""
-    from transformers import TrainerCallback
-
-    from coevolve.config import write_config
-
-    class _SaveConfig(TrainerCallback):
-        def on_save(self, args, state, control, **kwargs):
-            if state.is_world_process_zero:
-                folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-                write_config(config, folder / CHECKPOINT_CONFIG)
-            return control
-
-    return _SaveConfig()
 
 
 def synthesize_before_training(run: Run) -> None:
@@ -654,7 +574,7 @@ def _run(config: Config, directory: Path, process: Any, started: float, resume: 
 
 
 def save_final(run: Run, tokenizer: Any) -> None:
-    from coevolve.train import last_checkpoint, load_weights
+    from coevolve.train_calls import last_checkpoint, load_weights
 
     final_dir = run.directory / "final"
     if run.trainer.state.global_step == 0:  # a finished run resumed with nothing to train

@@ -42,7 +42,8 @@ are in the sequence (the model attends to them) but carry no loss. How that maps
 - The seam: everything private of TRL/transformers this module overrides or reads is listed in `TRL_SEAM` and
   checked against the installed TRL when a trainer is built (`check_trl`), so an upgrade that moves one fails at
   start with the supported versions named, not mid-run.
-- The loop's GRPO steps (`train_steps`): `trainer.train()` once per CoEvolve iteration, resumed from the checkpoint
+- The loop's GRPO steps (`coevolve.train_calls.train_steps`): `trainer.train()` once per CoEvolve iteration,
+  resumed from the checkpoint
   the previous call saved at its last step, so the optimizer, scheduler and RNG carry over exactly as in one
   uninterrupted call (and as after a kill: a resume is the same path).
 """
@@ -58,6 +59,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental" in TRL; we know
 
+from coevolve.train_calls import CHECKPOINTS, checkpoint_step
 from coevolve.config import Config, ConfigError
 from coevolve.envs.base import Env
 from coevolve.policy.backends import SamplingConfig
@@ -68,7 +70,6 @@ from coevolve.rollout import FailureStreak, RolloutBatch, RolloutConfig, StepRol
 
 LOSS_TYPES = {"tokens": "dapo", "sequence": "grpo", "constant": "dr_grpo"}
 """grpo.loss_normalisation -> TRL loss_type (see the module docstring)."""
-CHECKPOINTS = "checkpoints"
 
 
 class TrainingError(RuntimeError):
@@ -554,57 +555,3 @@ def check_trainer(trainer: Any) -> None:
 
         raise TrainingError(f"coevolve's GRPO adapter supports trl >={TRL_SUPPORTED[0]},<{TRL_SUPPORTED[1]}; "
                             f"trl {trl.__version__}'s GRPOTrainer has no {', '.join(missing)}")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The loop's GRPO steps: one `train()` call per CoEvolve iteration
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def train_steps(trainer: Any, directory: Path, until_step: int, clock: Any = None) -> int:
-    """Run GRPO steps up to optimizer step `until_step` (saving a checkpoint there), resuming from the run's last
-    checkpoint; returns the global step reached. Each call is a `trainer.train(resume_from_checkpoint=...)`: the
-    weights, optimizer, scheduler, RNG and step counter come back from the checkpoint the previous call saved, so
-    a run of T calls trains exactly as one call over all steps would (tested), and a run resumed after a kill
-    takes the very same path; `clock` (`coevolve.train_log.StepClock`) times the call's start as `resume`."""
-    from transformers import TrainerCallback
-
-    class _StopAt(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step >= until_step:
-                control.should_save = True  # the next call (or a resume) starts here
-                control.should_training_stop = True
-            return control
-
-    checkpoint = last_checkpoint(directory)
-    stop = _StopAt()
-    trainer.add_callback(stop)
-    if clock is not None:
-        clock.started()
-    try:
-        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
-    except BaseException:
-        trainer.coevolve_weights_at = None  # the weights in memory may be half a step past any checkpoint
-        raise
-    finally:
-        trainer.remove_callback(stop)
-    # The call saved a checkpoint at its last step (`_StopAt`) from these very weights: the next call may skip
-    # reading them back (`_load_from_checkpoint`).
-    trainer.coevolve_weights_at = trainer.state.global_step
-    return trainer.state.global_step
-
-
-def load_weights(trainer: Any, checkpoint: Path) -> None:
-    """The checkpoint's weights into the trainer's model (to evaluate them without training a step)."""
-    trainer._load_from_checkpoint(str(checkpoint))
-
-
-def checkpoint_step(path: Path) -> int:
-    return int(path.name.rsplit("-", 1)[-1])
-
-
-def last_checkpoint(output_dir: Path) -> Path | None:
-    """The newest complete checkpoint (TRL writes `trainer_state.json` last)."""
-    folder = output_dir / CHECKPOINTS
-    done = [p for p in folder.glob("checkpoint-*") if (p / "trainer_state.json").exists()] if folder.exists() else []
-    return max(done, key=checkpoint_step, default=None)

@@ -200,7 +200,8 @@ def test_grpo_steps_in_several_train_calls_equal_one_call(tmp_path, ls_policy_di
 
     from coevolve.envs.bfcl_lite import BFCLLiteEnv
     from coevolve.policy.chat import ChatRenderer
-    from coevolve.train import EnvRollouts, build_trainer, train_steps
+    from coevolve.train import EnvRollouts, build_trainer
+    from coevolve.train_calls import train_steps
 
     tasks = ls_tasks(4)
     config = load_config(None, overrides(ls_policy_dir, tmp_path / "unused.jsonl", "run.max_steps=4",
@@ -238,7 +239,6 @@ def test_grpo_steps_in_several_train_calls_equal_one_call(tmp_path, ls_policy_di
     assert split_rollouts == whole_rollouts and len(split_rollouts) == 4
     assert all(torch.equal(split_weights[name], whole_weights[name]) for name in whole_weights)
     if precision:
-        from coevolve.master_weights import MasterWeightAdamW
         from safetensors.torch import load_file
 
         assert all(value.dtype == torch.bfloat16 for value in whole_weights.values() if value.is_floating_point())
@@ -247,7 +247,6 @@ def test_grpo_steps_in_several_train_calls_equal_one_call(tmp_path, ls_policy_di
                    if name in whole_weights)
         saved = torch.load(tmp_path / "split" / "checkpoints" / "checkpoint-4" / "optimizer.pt", weights_only=True)
         assert all(master.dtype == torch.float32 for master in saved["coevolve_master_weights"])
-        assert MasterWeightAdamW  # the optimizer the trainer built (checked through its saved state above)
 
 
 def test_a_trl_without_the_private_surface_we_override_is_refused_at_start(monkeypatch):

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from coevolve import train_log
-from coevolve.train_log import TRAIN_PARTS, StepClock
+from coevolve import train_calls
+from coevolve.train_calls import TRAIN_PARTS, StepClock
 
 
 def test_parts_follow_the_trainer_events(monkeypatch):
     now = [100.0]
-    monkeypatch.setattr(train_log.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(train_calls.time, "perf_counter", lambda: now[0])
     clock = StepClock(lambda: 3.0)  # the step's rollout function ran 3 s
     events = clock.callback()
     clock.started()
@@ -34,7 +34,7 @@ def test_parts_follow_the_trainer_events(monkeypatch):
 
 def test_a_save_without_a_log_line_counts_from_the_step_end(monkeypatch):
     now = [0.0]
-    monkeypatch.setattr(train_log.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(train_calls.time, "perf_counter", lambda: now[0])
     clock = StepClock(lambda: 0.0)
     events = clock.callback()
     events.on_step_begin(None, None, None)

@@ -1,5 +1,8 @@
-"""What a run records of its training, step by step: TRL's logged values with our rollout summary (steps.jsonl),
-and where every second of a GRPO step goes (`StepClock`).
+"""The loop's GRPO steps and what they record: one `trainer.train()` call per CoEvolve iteration, resumed from
+the checkpoint the previous call saved (`train_steps`: the optimizer, scheduler and RNG carry over exactly as in
+one uninterrupted call, and as after a kill: a resume is the same path); TRL's logged values with our rollout
+summary (steps.jsonl); and where every second of a GRPO step goes (`StepClock`). Nothing here imports TRL: the
+trainer is the one `coevolve.train` builds.
 
 A step's seconds, as the trainer's callbacks see them (transformers' `TrainerCallback` events, in order):
 
@@ -21,11 +24,14 @@ Summed over an iteration's steps they are `IterationMetrics.train_seconds` in me
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 from coevolve.jsonl import JsonLines
 
 TRAIN_PARTS = ("rollout", "loss", "optimizer", "logging", "save", "resume")
+CHECKPOINTS = "checkpoints"
+"""The run directory's folder of TRL checkpoints."""
 
 
 def metrics_callback(metrics: JsonLines, pending: dict[int, dict[str, Any]]) -> Any:
@@ -107,3 +113,52 @@ class StepClock:
                 clock._add("save", "save", time.perf_counter())
 
         return _Clock()
+
+
+def train_steps(trainer: Any, directory: Path, until_step: int, clock: Any = None) -> int:
+    """Run GRPO steps up to optimizer step `until_step` (saving a checkpoint there), resuming from the run's last
+    checkpoint; returns the global step reached. Each call is a `trainer.train(resume_from_checkpoint=...)`: the
+    weights, optimizer, scheduler, RNG and step counter come back from the checkpoint the previous call saved, so
+    a run of T calls trains exactly as one call over all steps would (tested), and a run resumed after a kill
+    takes the very same path; `clock` (`coevolve.train_calls.StepClock`) times the call's start as `resume`."""
+    from transformers import TrainerCallback
+
+    class _StopAt(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step >= until_step:
+                control.should_save = True  # the next call (or a resume) starts here
+                control.should_training_stop = True
+            return control
+
+    checkpoint = last_checkpoint(directory)
+    stop = _StopAt()
+    trainer.add_callback(stop)
+    if clock is not None:
+        clock.started()
+    try:
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    except BaseException:
+        trainer.coevolve_weights_at = None  # the weights in memory may be half a step past any checkpoint
+        raise
+    finally:
+        trainer.remove_callback(stop)
+    # The call saved a checkpoint at its last step (`_StopAt`) from these very weights: the next call may skip
+    # reading them back (`_load_from_checkpoint`).
+    trainer.coevolve_weights_at = trainer.state.global_step
+    return trainer.state.global_step
+
+
+def load_weights(trainer: Any, checkpoint: Path) -> None:
+    """The checkpoint's weights into the trainer's model (to evaluate them without training a step)."""
+    trainer._load_from_checkpoint(str(checkpoint))
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(path.name.rsplit("-", 1)[-1])
+
+
+def last_checkpoint(output_dir: Path) -> Path | None:
+    """The newest complete checkpoint (TRL writes `trainer_state.json` last)."""
+    folder = output_dir / CHECKPOINTS
+    done = [p for p in folder.glob("checkpoint-*") if (p / "trainer_state.json").exists()] if folder.exists() else []
+    return max(done, key=checkpoint_step, default=None)
