@@ -43,8 +43,7 @@ are in the sequence (the model attends to them) but carry no loss. How that maps
   checked against the installed TRL when a trainer is built (`check_trl`), so an upgrade that moves one fails at
   start with the supported versions named, not mid-run.
 - The loop's GRPO steps (`coevolve.train_calls.train_steps`): `trainer.train()` once per CoEvolve iteration,
-  resumed from the checkpoint
-  the previous call saved at its last step, so the optimizer, scheduler and RNG carry over exactly as in one
+  resumed from the checkpoint the previous call saved at its last step, so the optimizer, scheduler and RNG carry over exactly as in one
   uninterrupted call (and as after a kill: a resume is the same path).
 """
 
