@@ -2,7 +2,7 @@
 
 Question: at equal rollout budget, is held-out success after CoEvolve higher than after GRPO on the static D_0,
 and by how much (paired by seed, with a 95% interval)? Above all on the part of the held-out set that D_0 does
-not cover, and does each signal (forgetting, boundary, rare) carry its weight?
+not cover; how much of the oracle arm's gain does it reach; what do guidance and the unexplored rare carry?
 
 Settings (each a config; held-out success is also reported on the setting's shifted part and on the rest apart):
 - `shift` (configs/lite-shift.yaml): D_0 holds only one-call tasks (and so do the worked examples drawn from it);
@@ -10,19 +10,19 @@ Settings (each a config; held-out success is also reported on the setting's shif
   then act there).
 - `iid`: the same config with the train split's two-call tasks kept (`env.options` without `train_max_calls`):
   D_0 and held-out drawn from one generator; parts as in `shift`.
-- `tools` (configs/lite-tools.yaml): one-call tasks only; D_0 never calls `cat` or `cd` (their schemas stay in the
-  prompt); the shifted part is the 44 of 130 held-out tasks that call one of them. Half of each iteration's sample
-  (after the recurring tasks) comes from synthesized tasks once there are any (`loop.synthetic_fraction: 0.5`;
-  static has none). Added after the first two showed that the learner never solves a two-call task: here the
-  missing part is within its reach.
+- `tools` (configs/lite-tools.yaml, run first): one-call tasks only; D_0 never calls `cat` or `cd` (their schemas
+  stay in the prompt); the shifted part is the 44 of 130 held-out tasks that call one of them. Half of each
+  iteration's sample (after the recurring tasks) comes from synthesized tasks once there are any
+  (`loop.synthetic_fraction: 0.5`; static has none). Here the missing part is within the learner's reach.
 
-Arms (overrides of the setting's config): zero-shot (evaluation only: greedy, so one run stands for every
-seed; it is also the "before training" figure of its setting, which the training arms therefore skip), static,
-random (exploration from random tasks, as many contexts as the signals would have given), coevolve, coevolve
-without each signal. Every training arm gets the same model rollouts: `run.max_steps` GRPO steps of
-`grpo.prompts_per_step` tasks x K (synthesis runs the env, not the model: the offline explorer). Both configs use
-`loop.recur_fraction` (a quarter of each iteration's tasks were solved recently, so forgetting has a history) and
-θ `auto` (rare = fewer than 3 occurrences in the iteration), so all three signals fire by design.
+Arms (overrides of the setting's config, `ARMS`): zero-shot (evaluation only: greedy, so one run stands for every
+seed; it is also the "before training" figure of its setting, which the training arms therefore skip); static;
+static + guidance (`grpo.guidance: solution`: an all-failure group learns from the task's solution); oracle data
+(static on a D_0 that holds the shifted part in its natural share, the prompt's worked examples unchanged: the
+bound any data mechanism can reach at this budget), with and without guidance; random (exploration from random
+tasks, as many contexts as the signals would have given, guidance on); coevolve (guidance and the unexplored rare
+on), without the unexplored rare, without guidance. Every training arm gets the same model rollouts: `run.max_steps`
+GRPO steps of `grpo.prompts_per_step` tasks x K (synthesis runs the env, not the model: the offline explorer).
 
 Statistics: per arm, the mean over seeds of held-out success after training +- t(0.975, n-1) x sd / sqrt(n);
 `delta vs static` is the mean over seeds of the paired difference (same seed, same held-out tasks) with the same
@@ -30,11 +30,10 @@ t interval over the differences. The zero-shot row's interval is Wilson's over i
 
 Resumable and run in chunks: each run has its own directory under `--out`/SETTING; a finished run (summary.json
 present) is read, not rerun; an interrupted one continues with `--resume`. Runs go in priority order (`plan`):
-shift static+coevolve seed by seed, then shift random, the shift ablations, then the same for iid, so a stopped
-invocation leaves the most important paired comparisons complete. `--max-minutes M` starts no run after M
-minutes; `--jobs J` runs J at a time, each with cores/J torch threads. Usage:
-`python bench/replicate.py [--settings shift iid] [--seeds 0 1 2 3 4] [--ablation-seeds 0 1 2] [--jobs 2]
-[--max-minutes M] [--no-write]`.
+per setting, the main arms seed by seed (static and coevolve first), then the ablations, so a stopped invocation
+leaves whole seeds of the most important paired comparisons. `--max-minutes M` starts no run after M minutes;
+`--jobs J` runs J at a time, each with cores/J torch threads. Usage: `python bench/replicate.py [--settings tools
+shift iid] [--seeds 0 1 2 3 4] [--ablation-seeds 0 1 2] [--jobs 2] [--max-minutes M] [--no-write]`.
 """
 
 from __future__ import annotations
@@ -74,6 +73,9 @@ class Setting:
     """Labels of (the rest, the shifted part)."""
     shifted: Callable[[int, Sequence[str]], bool]
     """(ground-truth calls, ground-truth tools) -> whether a task is in the shifted part."""
+    oracle: tuple[str, ...] | None = None
+    """The `oracle data` arm's overrides: D_0 holds the shifted part in its natural share, the worked examples stay
+    those of the other arms. None: the setting has no oracle arm."""
 
     def part_of(self, calls: int, tools: Sequence[str]) -> str:
         return self.parts[1] if self.shifted(calls, tools) else self.parts[0]
@@ -87,30 +89,47 @@ def _left_out_tool(calls: int, tools: Sequence[str]) -> bool:
     return bool(set(tools) & set(LEFT_OUT_TOOLS))
 
 
+TOOLS_ORACLE = ("env.options.train_without_tools=[]", f"model.demo_without_tools=[{','.join(LEFT_OUT_TOOLS)}]")
 SETTINGS = {
-    "shift": Setting(CONFIG, (), ("1-call", "2-call"), _two_calls),
+    "tools": Setting(TOOLS_CONFIG, (), ("seen tools", "cat or cd"), _left_out_tool, TOOLS_ORACLE),
+    "shift": Setting(CONFIG, (), ("1-call", "2-call"), _two_calls,
+                     ("env.options.train_max_calls=2", "model.demo_max_calls=1")),
     "iid": Setting(CONFIG, ("env.options={num_tasks: 560, two_call_share: 0.4}",), ("1-call", "2-call"), _two_calls),
-    "tools": Setting(TOOLS_CONFIG, (), ("seen tools", "cat or cd"), _left_out_tool),
 }
 SIGNALS = ("forgetting", "boundary", "rare")
+GUIDED, UNEXPLORED = "grpo.guidance=solution", "signals.unexplored=true"
 ARMS = {
     "zero-shot": ["run.mode=zero-shot"],
     "static": ["run.mode=static"],
+    "static + guidance": ["run.mode=static", GUIDED],
+    "oracle data": ["run.mode=static"],  # + the setting's `oracle` overrides
+    "oracle data + guidance": ["run.mode=static", GUIDED],
+    "random": ["run.mode=random", GUIDED],  # the same learner as coevolve: only the steering differs
+    "coevolve": ["run.mode=coevolve", GUIDED, UNEXPLORED],
+    "coevolve w/o unexplored": ["run.mode=coevolve", GUIDED],
+    "coevolve w/o guidance": ["run.mode=coevolve", UNEXPLORED],
+    # The paper's signal ablations and the first round's arms (guidance and the unexplored rare off), on request.
+    "paper coevolve": ["run.mode=coevolve"],
     "synthetic": ["run.mode=synthetic"],
-    "random": ["run.mode=random"],
-    "coevolve": ["run.mode=coevolve"],
-    "coevolve w/o forgetting": ["run.mode=coevolve", "signals.enabled=[boundary,rare]"],
-    "coevolve w/o boundary": ["run.mode=coevolve", "signals.enabled=[forgetting,rare]"],
-    "coevolve w/o rare": ["run.mode=coevolve", "signals.enabled=[forgetting,boundary]"],
+    "coevolve w/o forgetting": ["run.mode=coevolve", GUIDED, UNEXPLORED, "signals.enabled=[boundary,rare]"],
+    "coevolve w/o boundary": ["run.mode=coevolve", GUIDED, UNEXPLORED, "signals.enabled=[forgetting,rare]"],
+    "coevolve w/o rare": ["run.mode=coevolve", GUIDED, "signals.enabled=[forgetting,boundary]"],
     # A diagnosis arm, not in the default list: the offline explorer less tied to the flagged tool and two episodes
     # per context, to see whether more varied exploration yields the `cd > action` tasks the shift asks for.
     "coevolve wide": ["run.mode=coevolve", "synthesis.focus_weight=0.3", "synthesis.episodes_per_context=2"],
 }
 DIAGNOSIS_SETTINGS = {"coevolve wide": ("shift",)}
 """Settings a diagnosis arm runs in (it answers a question about that setting); other arms run in every setting."""
-MAIN_ARMS = ("static", "coevolve", "random")
-ABLATIONS = ("coevolve w/o forgetting", "coevolve w/o boundary", "coevolve w/o rare")
+MAIN_ARMS = ("static", "coevolve", "static + guidance", "oracle data", "random")
+ABLATIONS = ("oracle data + guidance", "coevolve w/o unexplored", "coevolve w/o guidance")
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def runs_in(arm: str, setting: str) -> bool:
+    """Whether `arm` has a run in `setting` (an oracle arm needs the setting's oracle overrides)."""
+    if arm.startswith("oracle data"):
+        return SETTINGS[setting].oracle is not None
+    return setting in DIAGNOSIS_SETTINGS.get(arm, (setting,))
 
 
 def slug(arm: str) -> str:
@@ -130,23 +149,26 @@ class Planned:
         return f"{self.setting}/{slug(self.arm)}-seed{self.seed}"
 
     def overrides(self) -> list[str]:
+        setting = SETTINGS[self.setting]
         extra = [] if self.arm == "zero-shot" else ["loop.eval_before_training=false"]
-        return [*SETTINGS[self.setting].overrides, f"run.seed={self.seed}", *ARMS[self.arm], *extra]
+        oracle = list(setting.oracle or ()) if self.arm.startswith("oracle data") else []
+        return [*setting.overrides, f"run.seed={self.seed}", *ARMS[self.arm], *oracle, *extra]
 
 
 def plan(settings: list[str], arms: list[str], seeds: list[int], ablation_seeds: list[int]) -> list[Planned]:
-    """Every run, most important first: per setting, zero-shot; static and coevolve seed by seed (the headline
-    paired comparison); random; the ablations; anything else asked for."""
+    """Every run, most important first: per setting, zero-shot; the main arms seed by seed, static and coevolve
+    first (the headline paired comparison), so a stopped invocation leaves whole seeds; the ablations; anything
+    else asked for."""
     runs: list[Planned] = []
     for setting in settings:
         if "zero-shot" in arms:
             runs.append(Planned(setting, "zero-shot", seeds[0]))
-        runs += [Planned(setting, arm, seed) for seed in seeds for arm in ("static", "coevolve") if arm in arms]
-        runs += [Planned(setting, "random", seed) for seed in seeds if "random" in arms]
-        runs += [Planned(setting, arm, seed) for seed in ablation_seeds for arm in ABLATIONS if arm in arms]
+        runs += [Planned(setting, arm, seed) for seed in seeds for arm in MAIN_ARMS
+                 if arm in arms and runs_in(arm, setting)]
+        runs += [Planned(setting, arm, seed) for seed in ablation_seeds for arm in ABLATIONS
+                 if arm in arms and runs_in(arm, setting)]
         runs += [Planned(setting, arm, seed) for seed in seeds for arm in arms
-                 if arm not in (*MAIN_ARMS, *ABLATIONS, "zero-shot")
-                 and setting in DIAGNOSIS_SETTINGS.get(arm, (setting,))]
+                 if arm not in (*MAIN_ARMS, *ABLATIONS, "zero-shot") and runs_in(arm, setting)]
     return runs
 
 
@@ -205,11 +227,19 @@ def result_of(run: Planned, out: Path) -> dict:
     metrics = read_jsonl(folder / "metrics.jsonl")
     summary = json.loads((folder / "summary.json").read_text())
     last = next(m for m in reversed(metrics) if m["heldout_success"] is not None)
-    added_shifted = 0
+    added_shifted = added_shifted_one_call = 0
+    shifted_ids: set[str] = set()
     if (folder / "pool.sqlite").exists():
         with TaskPool(folder / "pool.sqlite") as pool:
-            for task in pool.tasks_at(pool.latest_iteration() or 0, source="synthetic"):
-                added_shifted += setting.shifted(len(task.truth_tools), task.truth_tools)
+            for task in pool.tasks_at(pool.latest_iteration() or 0):
+                if setting.shifted(len(task.truth_tools), task.truth_tools):
+                    shifted_ids.add(task.id)
+                    if task.provenance.source == "synthetic":
+                        added_shifted += 1
+                        added_shifted_one_call += len(task.truth_tools) == 1
+    # The policy's own training rollouts on shifted-part tasks (guided ones are the solutions it was shown).
+    trained = [row for row in read_jsonl(folder / "rollouts.jsonl") if row["task_id"] in shifted_ids
+               and not row.get("guided")] if (folder / "rollouts.jsonl").exists() else []
     rows = [row for row in read_jsonl(folder / "heldout.jsonl") if row["iteration"] == last["iteration"]] \
         if (folder / "heldout.jsonl").exists() else []
     by_part: dict[str, list[bool]] = {}
@@ -221,6 +251,9 @@ def result_of(run: Planned, out: Path) -> dict:
             "after": last["heldout_success"],
             "after_by_part": {part: sum(values) / len(values) for part, values in by_part.items()},
             "added": summary.get("tasks_added", 0), "added_shifted": added_shifted,
+            "added_shifted_one_call": added_shifted_one_call,
+            "trained_shifted": [sum(row["score"] >= 1.0 for row in trained), len(trained)],
+            "guided": sum(m.get("guided", 0) for m in metrics),
             "feedback_share": summary.get("feedback_share", 0.0),
             "seconds": float(seconds_file.read_text()) if seconds_file.exists() else float("nan"),
             "signals": {kind: sum(m["signals"].get(kind, 0) for m in metrics) for kind in SIGNALS},
@@ -259,6 +292,8 @@ def diagnosis(runs: list[Planned], out: Path) -> str:
         with TaskPool(folder / "pool.sqlite") as pool:
             tasks = {task.id: task for task in pool.tasks_at(pool.latest_iteration() or 0)}
         for row in read_jsonl(folder / "rollouts.jsonl"):
+            if row.get("guided"):
+                continue  # the solutions it was shown, not the policy's own attempts
             task = tasks.get(row["task_id"])
             if task is not None:
                 tools = task.truth_tools
@@ -350,8 +385,9 @@ def setting_table(rows: dict[str, list[dict]], heldout: int, setting: Setting) -
     static = {r["seed"]: r for r in rows.get("static", [])}
     header = ["| arm | runs | " + " | ".join(
         f"{part}: mean +- 95% CI | {part}: delta vs static (paired) +- 95% CI" for part in parts)
-        + f" | tasks added ({setting.parts[1]}) | signals fired F / B / R |",
-        "|---|---|" + "---|---|" * len(parts) + "---|---|"]
+        + f" | tasks added ({setting.parts[1]}; of those one call) | own training rollouts on {setting.parts[1]} "
+        "tasks: solved / all | guided rollouts | signals fired F / B / R |",
+        "|---|---|" + "---|---|" * len(parts) + "---|---|---|---|"]
     lines = []
     for arm, results in rows.items():
         cells = []
@@ -369,15 +405,60 @@ def setting_table(rows: dict[str, list[dict]], heldout: int, setting: Setting) -
             cells.append(_interval(paired) if arm not in ("static", "zero-shot") else "-")
         added = statistics.mean(r["added"] for r in results)
         added_shifted = statistics.mean(r["added_shifted"] for r in results)
+        one_call = statistics.mean(r.get("added_shifted_one_call", 0) for r in results)
+        solved = sum(r.get("trained_shifted", [0, 0])[0] for r in results)
+        tried = sum(r.get("trained_shifted", [0, 0])[1] for r in results)
+        guided = statistics.mean(r.get("guided", 0) for r in results)
         fired = " / ".join(str(sum(r["signals"][kind] for r in results)) for kind in SIGNALS)
         lines.append(f"| {arm} | {len(results)} | " + " | ".join(cells)
-                     + f" | {added:.1f} ({added_shifted:.1f}) | {fired} |")
+                     + f" | {added:.1f} ({added_shifted:.1f}; {one_call:.1f}) | {solved} / {tried} | {guided:.1f} "
+                     f"| {fired} |")
     return "\n".join(header + lines)
+
+
+def paired(rows: dict[str, list[dict]], arm: str, baseline: str, part: str) -> list[float]:
+    """Per seed both arms ran: arm - baseline on `part` (same seed, same held-out tasks)."""
+    base = {r["seed"]: _value(r, part) for r in rows.get(baseline, [])}
+    return [_value(r, part) - base[r["seed"]] for r in rows.get(arm, [])
+            if base.get(r["seed"]) is not None and _value(r, part) is not None]
+
+
+def goal_lines(rows: dict[str, list[dict]], setting: Setting) -> str:
+    """The issue's goal in numbers, on the shifted part: coevolve - static and coevolve - random (paired, 95%
+    interval), and the share of the oracle arm's gain over static that coevolve reaches (ratio of the means over
+    the seeds all three arms ran)."""
+    shifted = setting.parts[1]
+    lines = [f"- coevolve - {baseline} on {shifted}: {_interval(paired(rows, 'coevolve', baseline, shifted))} "
+             f"({len(paired(rows, 'coevolve', baseline, shifted))} seeds)" for baseline in ("static", "random")
+             if rows.get(baseline) and rows.get("coevolve")]
+    seeds = ({r["seed"] for r in rows.get("coevolve", [])} & {r["seed"] for r in rows.get("static", [])}
+             & {r["seed"] for r in rows.get("oracle data", [])})
+    if seeds:
+        def mean_of(arm: str) -> float:
+            return statistics.mean(_value(r, shifted) or 0.0 for r in rows[arm] if r["seed"] in seeds)
+
+        gain = mean_of("oracle data") - mean_of("static")
+        closed = (mean_of("coevolve") - mean_of("static")) / gain if gain > 0 else float("nan")
+        lines.append(f"- oracle data - static on {shifted}: {gain:+.3f}; coevolve reaches {closed:.0%} of it "
+                     f"({len(seeds)} seeds)" if gain > 0 else
+                     f"- oracle data - static on {shifted}: {gain:+.3f}: the bound itself shows no gain "
+                     f"({len(seeds)} seeds)")
+    return "\n".join(lines)
+
+
+def setting_line(setting: Setting) -> str:
+    """What one setting's training runs are, read from its config."""
+    from coevolve.config import load_config
+
+    config = load_config(str(setting.config), list(setting.overrides))
+    return (f"`{setting.config.relative_to(REPO)}`{' with ' + ', '.join(setting.overrides) if setting.overrides else ''}: "
+            f"{config.run.max_steps} GRPO steps of {config.grpo.prompts_per_step} tasks x K={config.rollout.group_size} "
+            f"in iterations of {config.loop.steps_per_iteration}, SmolLM2-135M")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    parser.add_argument("--settings", nargs="+", default=["tools", "shift"], choices=list(SETTINGS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--ablation-seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--arms", nargs="+", default=["zero-shot", *MAIN_ARMS, *ABLATIONS], choices=list(ARMS))
@@ -418,7 +499,9 @@ def main() -> None:
             continue
         heldout = max(r["heldout_tasks"] for rs in rows.values() for r in rs)
         seconds = [r["seconds"] for arm, rs in rows.items() if arm != "zero-shot" for r in rs]
-        sections.append(f"### Setting `{setting}`\n\n" + setting_table(rows, heldout, SETTINGS[setting]) + (
+        goal = goal_lines(rows, SETTINGS[setting])
+        sections.append(f"### Setting `{setting}`\n\n{setting_line(SETTINGS[setting])}.\n\n"
+                        + setting_table(rows, heldout, SETTINGS[setting]) + (f"\n\n{goal}" if goal else "") + (
             f"\n\n{len(seconds)} training runs, {statistics.mean(seconds):.0f} s each on average." if seconds else ""))
         found = diagnosis([run for run in finished if run.setting == setting and run.arm == "coevolve"], out)
         if found:
@@ -439,16 +522,16 @@ def main() -> None:
 ## Replication: coevolve vs plain GRPO on a coverage shift (`bench/replicate.py`)
 
 Question: at equal rollout budget, does CoEvolve beat GRPO on the static D_0, above all on held-out tasks D_0
-does not cover (setting `shift`: D_0 one-call only, held-out 2-call part; setting `tools`: D_0 never calls `cat`
-or `cd`, held-out tasks calling them), and does each signal matter?
+does not cover (setting `tools`: D_0 never calls `cat` or `cd`, held-out tasks calling them; setting `shift`: D_0
+one-call only, held-out 2-call part), how much of what perfect data gives (`oracle data`) does it reach, and what
+do guidance (`grpo.guidance: solution`) and the unexplored rare (`signals.unexplored`) each carry?
 
 Command: `python bench/replicate.py --settings {' '.join(args.settings)} --seeds {' '.join(map(str, args.seeds))}
 --ablation-seeds {' '.join(map(str, args.ablation_seeds))} --jobs {args.jobs}{arms_flag}`. Machine: {machine_line()}.
-Configs: `configs/lite-shift.yaml` (settings `shift`, `iid`: 142 held-out tasks, 90 one-call, 52 two-call) and
-`configs/lite-tools.yaml` (setting `tools`: 130 one-call held-out tasks, 44 calling `cat` or `cd`), both 12 GRPO
-steps of 4 tasks x K=4 in 3 iterations with SmolLM2-135M, with each arm's overrides (`ARMS`, `SETTINGS`). The
-{len(results)} finished runs took {run_minutes:.0f} minutes of run time ({args.jobs} at a time); this invocation
-{total_minutes:.0f} minutes (finished runs are read back, not rerun).{f' Runs not yet done: {pending} (stopped by --max-minutes; rerun the command to continue).' if pending else ''}
+Arms: the overrides in `ARMS` (`coevolve` = guidance + the unexplored rare; `random` has guidance too, so that
+coevolve - random measures the steering alone; `oracle data` = static on a D_0 holding the shifted part, with the
+same worked examples). The {len(results)} finished runs took {run_minutes:.0f} minutes of run time ({args.jobs} at
+a time); this invocation {total_minutes:.0f} minutes (finished runs are read back, not rerun).{f' Runs not yet done: {pending} (stopped by --max-minutes; rerun the command to continue).' if pending else ''}
 
 {text}
 """)

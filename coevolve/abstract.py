@@ -12,6 +12,11 @@ Two abstractors:
   with folder 'photos'. Then display the contents of a file..."). The queries are mechanical, not natural
   language; windows that only make sense after an earlier call (a file inside a folder entered before) are
   proposed anyway and fail validation, which is where the reported acceptance rate comes from.
+  An episode with a focus tool (exploration from an unexplored tool, `ExplorationEpisode.focus`) is abstracted
+  into the solutions that end in a successful call of that tool: the call alone, then with one or two of the
+  episode's earlier successful calls before it (nearest first), shortest first (`focus_solutions`); validation
+  keeps, per focus call, only the shortest that passes (`Abstraction.shortest_only`, `coevolve.synthesis`): a
+  one-call `cat` task, or `cd` then `cat` when the file lies in a folder.
 - `LLMAbstractor`: any chat backend (`OpenAIBackend` for an OpenAI-compatible endpoint, e.g. `vllm serve` or
   `coevolve serve`). The prompt shows the tools, the context and the numbered log and asks for JSON
   `{"tasks": [{"intent", "query", "solution": [call, ...]}]}`. Replies are checked against that schema
@@ -47,6 +52,9 @@ class Abstraction:
     episode."""
     attempts: int = 0
     """LLM requests made for this episode (0 for the template abstractor)."""
+    shortest_only: bool = False
+    """Candidates that end in the same call are alternatives, shortest first: validation keeps the first that
+    passes and skips the rest (a focus episode's solutions, `focus_solutions`)."""
 
     @property
     def failure_code(self) -> str | None:
@@ -112,6 +120,31 @@ def template_query(steps: Sequence[Step], docs: Mapping[str, Mapping[str, Any]])
     return text
 
 
+def focus_solutions(steps: Sequence[Step], focus: str, max_calls: int) -> list[list[Step]]:
+    """Every solution that ends in a call of `focus` among `steps` (an episode's successful calls): that call,
+    preceded by up to `max_calls - 1` of the calls before it, in episode order; shorter solutions first, then
+    earlier focus calls, then nearer preceding calls. Repeated solutions (the same call texts) appear once."""
+    from itertools import combinations
+
+    found: list[tuple[int, int, int, list[Step]]] = []
+    for end, step in enumerate(steps):
+        if step.call is None or step.call.name != focus:
+            continue
+        for extra in range(0, max(0, max_calls - 1) + 1):
+            for picked in combinations(range(end - 1, -1, -1), extra):  # nearest first
+                chosen = sorted(picked)
+                distance = sum(end - index for index in chosen)
+                found.append((extra + 1, end, distance, [steps[index] for index in chosen] + [step]))
+    solutions: list[list[Step]] = []
+    seen: set[tuple[str, ...]] = set()
+    for _, _, _, solution in sorted(found, key=lambda item: item[:3]):
+        texts = tuple(s.call.to_python() for s in solution)  # type: ignore[union-attr]
+        if texts not in seen:
+            seen.add(texts)
+            solutions.append(solution)
+    return solutions
+
+
 @dataclass(frozen=True)
 class TemplateAbstractor:
     """Windows of consecutive successful calls -> candidates with template queries (see the module docstring)."""
@@ -135,7 +168,9 @@ class TemplateAbstractor:
         steps = useful_steps(episode)
         windows: list[list[Step]] = []
         seen: set[tuple[str, ...]] = set()
-        for length in range(1, self.max_solution_calls + 1):  # shortest first: they validate most often
+        if episode.focus:
+            windows = focus_solutions(steps, episode.focus, self.max_solution_calls)
+        for length in range(1, self.max_solution_calls + 1) if not episode.focus else ():  # shortest first
             for start in range(0, len(steps) - length + 1):
                 window = steps[start:start + length]
                 solution = tuple(step.call.to_python() for step in window)  # type: ignore[union-attr]
@@ -151,7 +186,7 @@ class TemplateAbstractor:
                 task.env, intent, template_query(window, docs), solution, task.initial_state,
                 candidate_meta(task, solution), task.id, episode.signal, episode.id, self.name,
             ))
-        return Abstraction(episode.id, tuple(candidates))
+        return Abstraction(episode.id, tuple(candidates), shortest_only=bool(episode.focus))
 
 
 # ---------------------------------------------------------------------------------------------------------------

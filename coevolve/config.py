@@ -87,6 +87,12 @@ class ModelSection:
     demo_choice: DemoChoice = "first-tool"
     """Which train tasks become the examples: `first-tool` (in order, a new first tool each) or `coverage` (the
     most tools not yet shown, multi-call tasks included); see coevolve.policy.chat.build_demonstrations."""
+    demo_without_tools: tuple[str, ...] = ()
+    """Tools whose tasks never become worked examples (the `oracle data` arm of bench/replicate.py: D_0 holds the
+    shifted tasks, the prompt stays exactly as in the arms whose D_0 lacks them)."""
+    demo_max_calls: int | None = None
+    """Only tasks with at most this many ground-truth calls become worked examples (the two-call shift's `oracle
+    data` arm, likewise); None: any."""
     chat_template: str | None = None
     """A Jinja file to use instead of the tokenizer's template (e.g. a tool-aware one)."""
     tool_style: Literal["json", "signatures"] = "json"
@@ -170,6 +176,10 @@ class GRPOSection:
     gradient_checkpointing: bool = False
     mask_truncated: bool = False
     """Drop trajectories cut by a limit from the loss (DAPO's overlong filtering)."""
+    guidance: Literal["off", "solution"] = "off"
+    """`solution`: a group whose K rollouts all fail on a task with a verified solution (a seed task's ground
+    truth, a synthesized task's validated one) gets one rollout replaced by that solution, played in the env in the
+    policy's reply format and scored by it (LUFFY-style off-policy guidance; `coevolve.guidance`). Not the paper's."""
     reward: Literal["env", "graded"] = "env"
     """What GRPO maximises: `env` = the env's score (the paper); `graded` = the env score when solved, else
     `partial_credit` x how well the calls match the ground truth (`coevolve.reward`). Held-out success is the env's."""
@@ -320,7 +330,7 @@ RANGES = {
     "run.max_steps": ">= 1", "run.save_steps": ">= 1", "run.save_total_limit": ">= 1", "run.seed": ">= 0",
     "run.logging_steps": ">= 1",
     "env.limit": ">= 1",
-    "model.demos": ">= 0",
+    "model.demos": ">= 0", "model.demo_max_calls": ">= 1",
     "rollout.group_size": ">= 2", "rollout.max_new_tokens": ">= 1", "rollout.max_replies_per_turn": ">= 1",
     "rollout.max_turns": ">= 1", "rollout.max_episode_tokens": ">= 1", "rollout.temperature": "> 0",
     "rollout.top_p": "(0, 1]", "rollout.top_k": ">= 0", "rollout.max_consecutive_failures": ">= 0",

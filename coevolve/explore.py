@@ -8,7 +8,10 @@ working on (`focus_values`):
                 tools: the skill that was lost;
     boundary    the unstable step: the first step at which a failed rollout of the group left the path of a
                 successful one (step index, both calls): where the policy hesitates;
-    rare        the rare action patterns and their frequencies: the tools the policy barely uses.
+    rare        the rare action patterns and their frequencies: the tools the policy barely uses; for a tool no
+                rollout called (`signals.unexplored`), that tool as the context's `focus_tool`: the explorer
+                must call it (the offline one calls it at its last step if no earlier call of it ran), and the
+                abstractor keeps the shortest solutions that end in a call of it (`coevolve.abstract`).
 
 An explorer then plays episodes in a fresh environment from that task's initial state (`env.reset(task)`), with
 a step budget, and records every (action, observation) pair (`ExplorationEpisode`). Two explorers:
@@ -162,6 +165,11 @@ def build_context(event: SignalEvent, task: Task, trajectories: Mapping[str, Tra
             focus_calls = [step.call for step in steps_at]
         focus_tools += [call.name for call in truth]
         focus_calls += list(truth)
+    elif event.kind == "rare" and event.evidence.get("unexplored"):
+        tool = str(event.evidence["unexplored"])
+        return ExplorationContext(
+            id=f"rare-{tool}-{task.id}-i{event.iteration}", task_id=task.id, signal="rare",
+            iteration=event.iteration, focus_tools=(tool,), evidence={"patterns": {tool: 0.0}, "unexplored": tool})
     elif event.kind == "rare":
         frequencies = dict(event.evidence.get("frequencies", {}))
         evidence = {"patterns": frequencies}
@@ -206,6 +214,9 @@ def describe(context: ExplorationContext, task: Task, step_budget: int) -> str:
         if split:
             lines.append(f"Its successful and failed attempts part at step {split['step_index'] + 1}: "
                          f"{split.get('success_call')} (worked) versus {split.get('failure_call')} (failed).")
+    elif context.signal == "rare" and context.focus_tool:
+        lines.append(f"No agent has called {context.focus_tool} yet. Call it at least once, on something that is "
+                     "there, as the last call if nothing else.")
     elif context.signal == "rare":
         lines.append("Agents rarely use these tools or tool sequences: "
                      + ", ".join(sorted(evidence.get("patterns", {}))) + ".")
@@ -307,21 +318,26 @@ class OfflineExplorer:
         from_state = state_values(task.initial_state)
         recent: list[str] = []
         steps: list[Step] = []
-        for _ in range(self.config.step_budget):
+        focus, focus_ran = context.focus_tool, False
+        for step_number in range(self.config.step_budget):
             docs = episode.tools()
             if episode.done or not docs:
                 break
             doc = self._pick_tool(docs, context, rng)
+            last = step_number == self.config.step_budget - 1
+            if focus and last and not focus_ran:  # a focus episode calls its tool, whatever the draws said
+                doc = next((d for d in docs if d["name"] == focus), doc)
             call = ToolCall(doc["name"], self._arguments(doc, context, recent, from_state, rng))
             made = episode.act([call])
             steps.extend(made)
             for step in made:
                 if step_failure(step) is None:
+                    focus_ran = focus_ran or (step.call is not None and step.call.name == focus)
                     seen = observation_values(step.observation)
                     if seen:
                         recent = seen
         return ExplorationEpisode(f"{context.id}-{self.name}-e{index}", context.id, task.id, context.signal,
-                                  self.name, tuple(steps), time.perf_counter() - started)
+                                  self.name, tuple(steps), time.perf_counter() - started, focus=focus)
 
     def _pick_tool(self, docs: Sequence[Mapping[str, Any]], context: ExplorationContext,
                    rng: random.Random) -> Mapping[str, Any]:
@@ -418,5 +434,6 @@ class LLMExplorer:
             failed = [reason for reason in trajectory.reasons if "backend failed" in reason]
             error = failed[0] if failed and not steps else None
             episodes.append(ExplorationEpisode(f"{context.id}-{self.name}-e{trajectory.sample_index}", context.id,
-                                               context.task_id, context.signal, self.name, steps, seconds, error))
+                                               context.task_id, context.signal, self.name, steps, seconds, error,
+                                               context.focus_tool))
         return episodes

@@ -55,15 +55,23 @@ Where this departs from the paper (the one list; the modules named say more):
    recently solved tasks: forgetting compares a task's rate with its own history, which a uniform sample of a
    pool hundreds of tasks large gives almost no task (at 16 tasks an iteration, forgetting fired once in all the
    earlier CPU runs).
+7. `grpo.guidance: solution` (off by default): a group whose K rollouts all fail on a task with a verified solution
+   trains on that solution in place of one rollout, LUFFY-style off-policy guidance (`coevolve.guidance`); the
+   signals, train success and the report read the policy's own rollouts only.
+8. `signals.unexplored: true` (off by default): rare also fires on a tool the iteration's tasks expose and no
+   rollout called (the paper's rare needs c_p > 0); its exploration must call the tool and its abstraction keeps
+   the shortest solutions that end in it (`coevolve.signals`, `coevolve.explore`, `coevolve.abstract`).
 
 The run directory:
     config.yaml          the resolved config
     metrics.jsonl        one line per iteration (0 = before training): train and held-out success, signal counts,
                          the synthesis summary (candidates, accepted, rejected by code, skipped), pool size by source,
                          seconds per phase (train, signals, synthesis, eval) and of the train phase by part
-                         (`train_seconds`: rollout, loss, optimizer, logging, save, resume), the feedback share
+                         (`train_seconds`: rollout, loss, optimizer, logging, save, resume), the feedback share,
+                         guided rollouts, synthesized tasks calling a tool D_0 never calls (`new_tool_tasks`)
     steps.jsonl          one line per optimizer step: TRL's loss/reward/KL/clip ratios + our rollout summary
-    rollouts.jsonl       one line per trajectory trained on (iteration, step, calls, score, reasons; no token ids);
+    rollouts.jsonl       one line per trajectory trained on (iteration, step, calls, score, reasons, `guided`; no
+                         token ids);
                          with N processes each writes its share (rollouts.pI.jsonl for process I > 0)
     samples.jsonl        per iteration, the sample of D_{t-1} its slots stood for (samples.pI.jsonl likewise)
     heldout.jsonl        per evaluated iteration and held-out task: solved or not, the first failed check, the calls
@@ -98,9 +106,10 @@ from coevolve.jsonl import JsonLines, atomic_write_text
 from coevolve.pool import BatchMix, TaskPool, recently_solved
 from coevolve.records import SIGNAL_KINDS, ExplorationContext, Task, Trajectory
 from coevolve.report import write_report
-from coevolve.run_setup import (METRICS, build_env, build_eval, build_renderer, build_trainer, check_processes,
-                                first_heldout, last_heldout, load_tasks, open_pool, policy_backend, prepare_run,
-                                process_state, resume_plan, run_logging, summary_of, summary_table, PhaseTimer)
+from coevolve.run_setup import (METRICS, Heldout, build_env, build_eval, build_renderer, build_trainer,
+                                check_processes, exposed_tools, first_heldout, heldout_text, last_heldout, load_tasks,
+                                new_tool_tasks, open_pool, policy_backend, pool_sizes, prepare_run, process_state,
+                                resume_plan, run_logging, success_by, summary_of, summary_table, PhaseTimer)
 from coevolve.signals import SignalReport, extract_signals
 from coevolve.synthesis import (Deadline, Stage, SynthesisResult, abstract, build_abstractor, build_explorer, explore,
                                 signal_contexts, synthesis_result, validate)
@@ -146,6 +155,11 @@ class IterationMetrics:
     train_seconds: Mapping[str, float] = field(default_factory=dict)
     """The train phase's seconds by part, summed over the iteration's steps (`coevolve.train_calls`): rollout, loss,
     optimizer, logging, save, resume."""
+    guided: int = 0
+    """Guided rollouts trained on in the iteration (`grpo.guidance`): all-failure groups given their solution."""
+    new_tool_tasks: Mapping[str, int] = field(default_factory=dict)
+    """Synthesized tasks in D_t whose solution calls a tool no task of D_0 calls (`admitted`), and how many of
+    those are one call long (`one_call`): what exploration found of the part D_0 lacks."""
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(asdict(self)))
@@ -245,10 +259,14 @@ def grpo_steps(run: "Run", t: int, tasks: Sequence[Task]) -> list[Trajectory]:
 
 
 def mine_signals(run: "Run", t: int, trajectories: Sequence[Trajectory]) -> SignalReport:
-    """3. Forgetting (against each task's history H_recent), boundary and rare signals of iteration t; its success
-    rates join the history."""
+    """3. Forgetting (against each task's history H_recent), boundary and rare signals of iteration t, from the
+    policy's own rollouts (guided ones left out); its success rates join the history."""
     history = run.pool.histories(before=t, window=run.config.signals.window)
-    report = extract_signals(trajectories, history, run.config.signals, t)
+    own = [trajectory for trajectory in trajectories if not trajectory.guided]  # never a guided success
+    tasks = run.tasks_before(t)
+    exposed = exposed_tools(run.env, [tasks[i] for i in dict.fromkeys(tr.task_id for tr in own) if i in tasks]) \
+        if run.config.signals.unexplored else None
+    report = extract_signals(own, history, run.config.signals, t, exposed)
     run.pool.record_success_rates(t, report.success_rates)
     return report
 
@@ -300,26 +318,6 @@ def admit(run: "Run", t: int, contexts: Sequence[ExplorationContext], explored: 
     return result
 
 
-@dataclass(frozen=True)
-class Heldout:
-    """One held-out evaluation: greedy success over all tasks, by the number of ground-truth calls, and by whether
-    the tools the ground truth calls are all called somewhere in D_0 (`seen`) or not (`unseen`)."""
-
-    success: float
-    by_calls: Mapping[str, float]
-    by_tools: Mapping[str, float] = field(default_factory=dict)
-
-
-def success_by(rows: Sequence[Mapping[str, Any]], key: Callable[[Mapping[str, Any]], str]) -> dict[str, float]:
-    """Mean success of the rows in each group; shorter keys first, so "2" comes before "10" and "seen" before
-    "unseen"."""
-    groups: dict[str, list[bool]] = {}
-    for row in rows:
-        groups.setdefault(key(row), []).append(row["success"])
-    return {group: sum(found) / len(found)
-            for group, found in sorted(groups.items(), key=lambda item: (len(item[0]), item[0]))}
-
-
 def evaluate_heldout(run: "Run", t: int) -> Heldout | None:
     """9. Greedy success on the held-out tasks, every `loop.eval_every` iterations and after the last. With several
     processes each evaluates every N-th task and the main process gathers the results."""
@@ -363,9 +361,9 @@ def record_iteration(run: "Run", t: int, trajectories: Sequence[Trajectory], rep
     seconds = {phase: round(seconds.get(phase, 0.0), 3) for phase in ("train", "signals", "synthesis", "eval")}
     feedback = seconds["signals"] + seconds["synthesis"]
     heldout = evaluated.success if evaluated is not None else None
+    own = [tr for tr in trajectories if not tr.guided]  # the policy's success, not the solutions it was shown
     metrics = IterationMetrics(
-        t, run.step_range(t) if t else None,
-        sum(tr.score >= 1.0 for tr in trajectories) / len(trajectories) if trajectories else None, heldout,
+        t, run.step_range(t) if t else None, sum(tr.score >= 1.0 for tr in own) / len(own) if own else None, heldout,
         {kind: report.count(kind) if report is not None else 0 for kind in SIGNAL_KINDS},
         synthesis.summary() if synthesis is not None else {}, pool_sizes(run.pool, t),
         {cause: sum(1 for tr in trajectories if (tr.failure or "").startswith(cause + ":"))
@@ -375,6 +373,7 @@ def record_iteration(run: "Run", t: int, trajectories: Sequence[Trajectory], rep
         evaluated.by_tools if evaluated is not None else {},
         report.pattern_summary() if report is not None else {},
         run.clock.take() if run.clock is not None and t else {},
+        len(trajectories) - len(own), new_tool_tasks(run.pool, t, run.seed_tools),
     )
     run.metrics_log.append(metrics.to_dict())
     if t == 0:
@@ -385,23 +384,6 @@ def record_iteration(run: "Run", t: int, trajectories: Sequence[Trajectory], rep
             f"signals {dict(metrics.signals)}, accepted {metrics.synthesis.get('accepted', 0)}, pool "
             f"{metrics.pool['total']}, feedback share {metrics.feedback_share:.1%}")
     return metrics
-
-
-def heldout_text(metrics: IterationMetrics) -> str:
-    """`0.550 (1-call 0.733, 2-call 0.000)`, `0.438 (seen tools 0.663, unseen tools 0.000)`: each split only when
-    it has several parts; `-` when not evaluated."""
-    if metrics.heldout_success is None:
-        return "-"
-    parts = [f"{calls}-call {rate:.3f}" for calls, rate in metrics.heldout_by_calls.items()
-             if len(metrics.heldout_by_calls) > 1]
-    parts += [f"{part} tools {rate:.3f}" for part, rate in metrics.heldout_by_tools.items()
-              if len(metrics.heldout_by_tools) > 1]
-    return f"{metrics.heldout_success:.3f}" + (f" ({', '.join(parts)})" if parts else "")
-
-
-def pool_sizes(pool: TaskPool, t: int) -> dict[str, int]:
-    sizes = {source: len(pool.entries_at(t, source=source)) for source in ("seed", "synthetic")}
-    return {**sizes, "total": sum(sizes.values())}
 
 
 # ===============================================================================================================

@@ -256,6 +256,9 @@ class Trajectory(_JsonRecord):
     failure: str | None = None
     """Why the episode could not be played, when that was not the agent's doing: `backend: ...` (the generation
     backend or endpoint failed) or `environment: ...` (the env's worker crashed or hung). None otherwise."""
+    guided: bool = False
+    """True for a guided rollout (`coevolve.guidance`): the task's verified solution played in the policy's reply
+    format, put in place of one rollout of a group that never succeeded. Trained on; never read by the signals."""
 
     @property
     def tool_names(self) -> tuple[str, ...]:
@@ -278,6 +281,7 @@ class Trajectory(_JsonRecord):
             logprobs=tuple(data.get("logprobs", ())),
             seconds=float(data.get("seconds", 0.0)),
             failure=data.get("failure"),
+            guided=bool(data.get("guided", False)),
         )
 
 
@@ -327,6 +331,13 @@ class ExplorationContext(_JsonRecord):
     evidence: Mapping[str, Any] = field(default_factory=dict)
     trajectory_ids: tuple[str, ...] = ()
 
+    @property
+    def focus_tool(self) -> str | None:
+        """The tool no rollout of the iteration called, for a rare event on an unexplored tool
+        (`signals.unexplored`): the explorer must call it."""
+        tool = self.evidence.get("unexplored")
+        return tool if isinstance(tool, str) and tool else None
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ExplorationContext":
         return cls(
@@ -350,13 +361,16 @@ class ExplorationEpisode(_JsonRecord):
     seconds: float = 0.0
     error: str | None = None
     """Why the episode produced nothing (endpoint failure, time budget), or None."""
+    focus: str | None = None
+    """The tool the episode had to call (the context's unexplored tool, `ExplorationContext.focus_tool`): the
+    abstractor then keeps the shortest solutions that end in a call of it."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ExplorationEpisode":
         return cls(
             data["id"], data["context_id"], data["task_id"], data.get("signal"), data["explorer"],
             tuple(Step.from_dict(step) for step in data.get("steps", ())), float(data.get("seconds", 0.0)),
-            data.get("error"),
+            data.get("error"), data.get("focus"),
         )
 
 

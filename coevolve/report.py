@@ -273,7 +273,8 @@ def parent_rollouts_table(lineage: Sequence[Mapping[str, Any]], rollouts: Mappin
     for parent in parents[:limit]:
         for index, row in enumerate(rollouts.get(parent, [])):
             anchor = f' id="task-{html.escape(parent)}"' if index == 0 else ""
-            lines.append(f"<tr{anchor}>" + _cell(parent) + _cell(row.get("iteration")) + _cell(row.get("id"))
+            rollout = f"{row.get('id')} (guided: the task's solution)" if row.get("guided") else row.get("id")
+            lines.append(f"<tr{anchor}>" + _cell(parent) + _cell(row.get("iteration")) + _cell(rollout)
                          + _cell(row.get("score")) + _cell(_steps_text(row))
                          + _cell("; ".join(map(str, row.get("reasons") or []))[:300]) + "</tr>")
     head = ("task", "iteration", "rollout", "score", "calls -> observations", "why it scored so")
@@ -347,6 +348,13 @@ def render(directory: str | Path, warnings: list[str] | None = None) -> str:
             top=1.0)] if len(by_tools) > 1 else []),
         stacked_bars("Pool D_t by source", labels, {
             source: [m.get("pool", {}).get(source, 0) for m in metrics] for source in ("seed", "synthetic")}),
+        *([stacked_bars("Guided rollouts (grpo.guidance)", labels, {
+            "guided": [m.get("guided", 0) for m in metrics]})] if any(m.get("guided") for m in metrics) else []),
+        *([stacked_bars("Synthesized tasks calling a tool D_0 never calls", labels, {
+            "one call": [m.get("new_tool_tasks", {}).get("one_call", 0) for m in metrics],
+            "longer": [m.get("new_tool_tasks", {}).get("admitted", 0) - m.get("new_tool_tasks", {}).get("one_call", 0)
+                       for m in metrics]})] if any(m.get("new_tool_tasks", {}).get("admitted") for m in metrics)
+          else []),
         stacked_bars("Rollouts failed outside the agent", labels, {
             cause: [m.get("failures", {}).get(cause, 0) for m in metrics] for cause in ("backend", "environment")}),
         stacked_bars("Wall seconds by phase", labels, {

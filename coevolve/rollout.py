@@ -288,7 +288,9 @@ class StepRollouts:
 
     @property
     def success_rate(self) -> float:
-        return sum(t.score >= 1.0 for t in self.trajectories) / max(1, len(self.trajectories))
+        """The policy's own success: guided rollouts (`coevolve.guidance`) are the solutions it was shown."""
+        own = [t for t in self.trajectories if not t.guided]
+        return sum(t.score >= 1.0 for t in own) / max(1, len(own))
 
     def summary(self) -> dict[str, Any]:
         groups: dict[str, list[float]] = {}
@@ -302,6 +304,7 @@ class StepRollouts:
             "rollout/groups": len(groups),
             "rollout/model_tokens": sum(sum(t.completion_mask) for t in self.trajectories),
             "rollout/truncated": sum(t.truncated for t in self.trajectories),
+            "rollout/guided": sum(t.guided for t in self.trajectories),
             "rollout/seconds": round(self.seconds, 4),
         }
 

@@ -8,9 +8,9 @@ import inspect
 import os
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from coevolve.config import Config, ConfigError, load_config, write_config
 from coevolve.envs import ENVS, make_env
@@ -26,14 +26,15 @@ CHECKPOINT_CONFIG = "coevolve-config.yaml"
 
 FIXED_ON_RESUME = (
     "run.mode", "run.seed", "env.name", "env.split", "env.category", "env.limit", "env.tasks_file", "env.options",
-    "model.name", "model.dtype", "model.reply_format", "model.demos", "model.demo_choice", "model.chat_template",
+    "model.name", "model.dtype", "model.reply_format", "model.demos", "model.demo_choice", "model.demo_without_tools",
+    "model.demo_max_calls", "model.chat_template",
     "model.tool_style", "model.reasoning", "rollout.group_size", "rollout.max_new_tokens",
     "rollout.max_replies_per_turn", "rollout.max_turns", "rollout.max_episode_tokens", "rollout.temperature",
     "rollout.top_p", "rollout.top_k", "grpo.prompts_per_step", "grpo.micro_batch_size", "grpo.learning_rate",
     "grpo.epsilon_low", "grpo.epsilon_high", "grpo.beta", "grpo.kl_importance_correction", "grpo.ref_model",
     "grpo.loss_normalisation", "grpo.scale_rewards", "grpo.passes_per_batch", "grpo.max_grad_norm",
     "grpo.weight_decay", "grpo.warmup_steps", "grpo.lr_scheduler", "grpo.bf16", "grpo.master_weights",
-    "grpo.mask_truncated",
+    "grpo.mask_truncated", "grpo.guidance",
     "grpo.reward", "grpo.partial_credit", "lora", "loop.steps_per_iteration", "loop.synthetic_fraction", "signals",
     "synthesis.explorer", "synthesis.abstractor", "synthesis.step_budget", "synthesis.episodes_per_context",
     "synthesis.max_contexts", "synthesis.focus_weight", "synthesis.max_solution_calls", "synthesis.dedup_threshold",
@@ -160,7 +161,12 @@ def build_renderer(config: Config, env: Env, tasks: Sequence[Task]) -> tuple[Any
     tokenizer = load_tokenizer(config.model.name)
     if config.model.chat_template:
         tokenizer.chat_template = Path(config.model.chat_template).read_text()
-    demos = build_demonstrations(env, tasks, config.model.reply_format, config.model.demos, config.model.demo_choice)
+    hidden = set(config.model.demo_without_tools)
+    longest = config.model.demo_max_calls
+    shown_tasks = [task for task in tasks if not hidden & set(task.truth_tools)
+                   and (longest is None or len(task.truth_tools) <= longest)]
+    demos = build_demonstrations(env, shown_tasks, config.model.reply_format, config.model.demos,
+                                 config.model.demo_choice)
     shown = {messages[0]["content"] for messages in demos}
     remaining = [task for task in tasks if task.turns[0][0]["content"] not in shown]
     if not remaining:
@@ -380,7 +386,8 @@ def build_trainer(run: Any, tokenizer: Any) -> None:
     run.rollouts = EnvRollouts(run.env, run.pool.tasks_at(0), run.renderer, config.rollout.engine(),
                                seed=config.run.seed, mask_truncated=config.grpo.mask_truncated, backend=run.backend,
                                on_step=on_step, reward=config.grpo.reward, partial_credit=config.grpo.partial_credit,
-                               max_consecutive_failures=config.rollout.max_consecutive_failures)
+                               max_consecutive_failures=config.rollout.max_consecutive_failures,
+                               guidance=config.grpo.guidance)
     run.clock = StepClock(lambda: run.rollouts.last.seconds if run.rollouts.last is not None else 0.0)
     run.trainer = trl_trainer(config, run.directory, resolve_model(config.model.name), tokenizer, run.rollouts, [],
                               callbacks=[metrics_callback(run.steps_log, pending), config_callback(config),
@@ -418,3 +425,56 @@ class PhaseTimer:
             yield
         finally:
             self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - started
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What an iteration's record reports (`coevolve.loop.record_iteration`)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Heldout:
+    """One held-out evaluation: greedy success over all tasks, by the number of ground-truth calls, and by whether
+    the tools the ground truth calls are all called somewhere in D_0 (`seen`) or not (`unseen`)."""
+
+    success: float
+    by_calls: Mapping[str, float]
+    by_tools: Mapping[str, float] = field(default_factory=dict)
+
+
+def success_by(rows: Sequence[Mapping[str, Any]], key: Callable[[Mapping[str, Any]], str]) -> dict[str, float]:
+    """Mean success of the rows in each group; shorter keys first, so "2" comes before "10" and "seen" before
+    "unseen"."""
+    groups: dict[str, list[bool]] = {}
+    for row in rows:
+        groups.setdefault(key(row), []).append(row["success"])
+    return {group: sum(found) / len(found)
+            for group, found in sorted(groups.items(), key=lambda item: (len(item[0]), item[0]))}
+
+
+def heldout_text(metrics: Any) -> str:
+    """`0.550 (1-call 0.733, 2-call 0.000)`, `0.438 (seen tools 0.663, unseen tools 0.000)`: each split only when
+    it has several parts; `-` when not evaluated."""
+    if metrics.heldout_success is None:
+        return "-"
+    parts = [f"{calls}-call {rate:.3f}" for calls, rate in metrics.heldout_by_calls.items()
+             if len(metrics.heldout_by_calls) > 1]
+    parts += [f"{part} tools {rate:.3f}" for part, rate in metrics.heldout_by_tools.items()
+              if len(metrics.heldout_by_tools) > 1]
+    return f"{metrics.heldout_success:.3f}" + (f" ({', '.join(parts)})" if parts else "")
+
+
+def pool_sizes(pool: TaskPool, t: int) -> dict[str, int]:
+    sizes = {source: len(pool.entries_at(t, source=source)) for source in ("seed", "synthetic")}
+    return {**sizes, "total": sum(sizes.values())}
+
+
+def new_tool_tasks(pool: TaskPool, t: int, seed_tools: set[str]) -> dict[str, int]:
+    """Synthesized tasks of D_t calling a tool no task of D_0 calls, and how many of them are one call long."""
+    found = [task for task in pool.tasks_at(t, source="synthetic") if set(task.truth_tools) - seed_tools]
+    return {"admitted": len(found), "one_call": sum(len(task.truth_tools) == 1 for task in found)}
+
+
+def exposed_tools(env: Env, tasks: Sequence[Task]) -> dict[str, list[str]]:
+    """Task id -> the names of the tools a fresh episode of it exposes (the unexplored rare's `exposed`)."""
+    return {task.id: [doc["name"] for doc in env.reset(task).tools()] for task in tasks}

@@ -34,6 +34,14 @@ Where this pins down or departs from the paper
    task, naming the rollouts that contain a rare pattern, with `frequencies` (each rare pattern they contain ->
    c_p / N). Which of them a given rollout holds is `action_patterns(its tool names)` ∩ those patterns.
 
+5. `unexplored` (off by default; not the paper's): rare as the formula has it needs 0 < c_p, so a tool the policy
+   never calls is never flagged, though it is the most under-explored action of all (what the method's own
+   description calls rare). With `SignalConfig.unexplored`, every tool that some task of the iteration exposes
+   and that none of its rollouts called (c_p = 0, counted over unigrams whatever `ngram_sizes` says) raises one
+   rare event (`unexplored_tools`), on a task of the iteration that exposes it, with no trajectory and the
+   evidence `{"unexplored": tool, "frequencies": {tool: 0.0}}`: exploration from there must call the tool
+   (`coevolve.explore`). `extract_signals` needs `exposed` (task id -> the tools it exposes) for it.
+
 Cost: O(n) in the number of rollouts, about 7 µs per trajectory: 0.7 s for bench/signals.py's synthetic iteration
 of 100,000 trajectories (12,500 tasks, K = 8, 40 tools; 0.8 s for its dense variant) on a 2-core x86_64 VM with
 Python 3.11, median of 5, with other processes busy on both cores. BENCHMARKS.md has the figures of the last run.
@@ -106,6 +114,19 @@ def rare_patterns(counts: Mapping[str, int], theta_percent: float | Fraction) ->
     }
 
 
+def unexplored_tools(exposed: Mapping[str, Sequence[str]], called: Iterable[str]) -> list[tuple[str, str]]:
+    """(tool, task id) for each tool some task exposes that was never called (c_p = 0), tools in order of first
+    exposure; the k-th such tool goes to the k-th task that exposes it (cyclically), so that several unexplored
+    tools start their explorations from several tasks."""
+    called = set(called)
+    tasks_of: dict[str, list[str]] = {}
+    for task_id, tools in exposed.items():
+        for tool in tools:
+            if tool not in called:
+                tasks_of.setdefault(tool, []).append(task_id)
+    return [(tool, task_ids[index % len(task_ids)]) for index, (tool, task_ids) in enumerate(tasks_of.items())]
+
+
 def action_patterns(tool_names: Sequence[str], ngram_sizes: Sequence[int] = (1, 2)) -> list[str]:
     """Every n-gram of `tool_names` for each size, as pattern strings, with repeats: the definition of c_p."""
     names = tuple(tool_names)
@@ -147,6 +168,8 @@ class SignalConfig:
     """Action patterns are tool-name n-grams of these sizes (1 = single tools, 2 = consecutive pairs)."""
     enabled: tuple[str, ...] = SIGNAL_KINDS
     """Which detectors run (the paper's signal ablations switch one off)."""
+    unexplored: bool = False
+    """Rare also fires on the tools no rollout of the iteration called (note 5; not the paper's formula)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 0:
@@ -206,15 +229,17 @@ def extract_signals(
     history: Mapping[str, Sequence[float]],
     config: SignalConfig,
     iteration: int,
+    exposed: Mapping[str, Sequence[str]] | None = None,
 ) -> SignalReport:
     """The signal events of one iteration, with each task's success rate and the action-pattern counts.
 
     `history` maps task id -> its success rates (in [0, 1], a list or tuple, oldest first) of *earlier* iterations,
     e.g. `TaskPool.histories(before=iteration, window=config.window)`; a task without one has never been solved.
-    Rollouts of a task may come in any order; events follow the order in which tasks first appear.
+    Rollouts of a task may come in any order; events follow the order in which tasks first appear, and the
+    unexplored tools' events (note 5; with `config.unexplored` and `exposed`: task id -> its tools) come last.
     """
     with _gc_paused():
-        return _extract(trajectories, history, config, iteration)
+        return _extract(trajectories, history, config, iteration, exposed or {})
 
 
 @contextmanager
@@ -232,7 +257,7 @@ def _gc_paused() -> Iterator[None]:
 
 
 def _extract(trajectories: Iterable[Trajectory], history: Mapping[str, Sequence[float]], config: SignalConfig,
-             iteration: int) -> SignalReport:
+             iteration: int, exposed: Mapping[str, Sequence[str]]) -> SignalReport:
     threshold, window, enabled = config.threshold, config.window, config.enabled
 
     # Each task's rollouts (with their tool names, read once), tasks in order of first appearance.
@@ -297,6 +322,12 @@ def _extract(trajectories: Iterable[Trajectory], history: Mapping[str, Sequence[
                         str(size): theta_by_size[size] for size in rare_by_size},
                     "frequencies": {pattern: frequency[pattern] for pattern in held},
                 }))
+
+    if "rare" in enabled and config.unexplored:
+        called = {name for group in groups.values() for _, names in group for name in names}
+        for tool, task_id in unexplored_tools({task: exposed[task] for task in groups if task in exposed}, called):
+            events.append(SignalEvent("rare", task_id, iteration, (), {
+                "unexplored": tool, "frequencies": {tool: 0.0}}))
 
     return SignalReport(iteration, tuple(events), success_rates, pattern_counts, theta_by_size,
                         {size: frozenset(rare) for size, rare in rare_by_size.items()})

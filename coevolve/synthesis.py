@@ -109,6 +109,8 @@ def signal_contexts(events: Sequence[SignalEvent], tasks: Mapping[str, Task], tr
     fired unexplored (boundary events alone would fill it at every iteration: most groups of a learning policy
     are mixed) and a signal ablation changes what is explored."""
     by_kind = {kind: [e for e in events if e.kind == kind and e.task_id in tasks] for kind in SIGNAL_KINDS}
+    # Rare events on unexplored tools (`signals.unexplored`: what the policy never did at all) lead the rare turn.
+    by_kind["rare"].sort(key=lambda event: not event.evidence.get("unexplored"))
     ordered = [queue[turn] for turn in range(max((len(q) for q in by_kind.values()), default=0))
                for queue in by_kind.values() if turn < len(queue)]
     return [build_context(event, tasks[event.task_id], trajectories) for event in ordered[:max_contexts]]
@@ -175,12 +177,19 @@ def validate(abstractions: Sequence[Abstraction], validator: Validator, iteratio
     """Every candidate executed and checked (`Validation`s: the candidate, its verdict, the task if accepted)."""
     started, skipped = time.perf_counter(), Counter()
     validations: list[Validation] = []
-    for candidate in (c for abstraction in abstractions for c in abstraction.candidates):
+    solved: set[tuple[str, str]] = set()  # (episode, last call) a shorter alternative already covers
+    for abstraction, candidate in ((a, c) for a in abstractions for c in a.candidates):
+        alternative = (abstraction.episode_id, candidate.solution[-1] if candidate.solution else "")
+        if abstraction.shortest_only and alternative in solved:
+            skipped["shorter_solution_accepted"] += 1  # the same call is already taught with fewer calls
+            continue
         if deadline.passed():
             skipped["time_budget"] += 1
             continue
         try:
             validations.append(validator.validate(candidate, iteration=iteration))
+            if validations[-1].verdict.accepted:
+                solved.add(alternative)
         except Exception as error:  # noqa: BLE001 - an env that raises on a candidate rejects that candidate
             reason = f"execution_error: the environment raised {type(error).__name__}: {str(error)[:160]}"
             validations.append(Validation(candidate, Verdict(candidate.id, False, (reason,))))

@@ -84,8 +84,10 @@ class EnvRollouts:
     def __init__(self, env: Env, tasks: Sequence[Task], renderer: ChatRenderer, rollout_config: RolloutConfig,
                  seed: int = 0, iteration: int = 0, mask_truncated: bool = False, backend: Any = None,
                  on_step: Callable[[StepRollouts], None] | None = None, reward: str = "env",
-                 partial_credit: float = 0.5, max_consecutive_failures: int = 0) -> None:
+                 partial_credit: float = 0.5, max_consecutive_failures: int = 0, guidance: str = "off") -> None:
         self.env, self.renderer, self.config = env, renderer, rollout_config
+        self.guidance = guidance
+        """`grpo.guidance`: `solution` replaces one rollout of an all-failure group by the task's solution."""
         self.reward, self.partial_credit = reward, partial_credit
         self.tasks = {task.id: task for task in tasks}
         self.seed, self.iteration, self.mask_truncated = seed, iteration, mask_truncated
@@ -153,7 +155,10 @@ class EnvRollouts:
         with self.generation_backend(trainer) as backend:
             batch: RolloutBatch = rollout(self.env, [self.tasks[i] for i in distinct], backend, self.renderer,
                                           config, iteration=self.iteration)
-        trajectories = self._renamed(batch.trajectories, step, process)
+            trajectories = batch.trajectories
+            if self.guidance == "solution":
+                trajectories = self._guided(trajectories, config, backend, trainer)
+        trajectories = self._renamed(trajectories, step, process)
         record = StepRollouts(step, trajectories, time.perf_counter() - started)
         self.last = record
         if self.on_step is not None:
@@ -171,6 +176,26 @@ class EnvRollouts:
             "train_reward": [training_reward(t, self.tasks[t.task_id], self.reward, self.partial_credit)
                              for t in trajectories],
         }
+
+    def _guided(self, trajectories: Sequence[Trajectory], config: RolloutConfig, backend: Any,
+                trainer: Any) -> tuple[Trajectory, ...]:
+        """`coevolve.guidance.guide_groups`, its logprobs from the model that sampled the step: the generation
+        backend's own model, else (vLLM, a fixed backend) the model being trained, whose weights it holds."""
+        from coevolve.guidance import guide_groups, model_scorer
+
+        model = getattr(backend, "model", None)
+        with contextlib.nullcontext(model) if model is not None else self._policy_model(trainer) as model:
+            return guide_groups(trajectories, config.group_size, self.tasks, self.env, self.renderer, config,
+                                model_scorer(model, trainer.args.temperature), self.iteration)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _policy_model(trainer: Any) -> Iterator[Any]:
+        from trl.models import unwrap_model_for_generation
+
+        with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
+                                         gather_deepspeed3_params=trainer.args.ds3_gather_for_generation) as model:
+            yield model
 
     def _renamed(self, trajectories: Sequence[Trajectory], step: int, process: int) -> tuple[Trajectory, ...]:
         """Unique ids per step (a task can come back in a later step of the same iteration), k = occurrence."""

@@ -36,9 +36,12 @@ def test_every_arm_of_every_setting_is_a_valid_config():
 
     for setting in replicate.SETTINGS:
         for arm in replicate.ARMS:
+            if not replicate.runs_in(arm, setting):
+                continue
             run = replicate.Planned(setting, arm, 3)
             config = load_config(str(replicate.SETTINGS[setting].config), run.overrides())
-            assert config.run.mode == arm.split(" ")[0] and config.run.seed == 3, arm
+            mode = next(o for o in replicate.ARMS[arm] if o.startswith("run.mode=")).split("=")[1]
+            assert config.run.mode == mode and config.run.seed == 3, arm
             assert config.loop.eval_before_training == (arm == "zero-shot")  # zero-shot is the "before" figure
     shift = load_config(str(replicate.CONFIG), replicate.Planned("shift", "coevolve w/o forgetting", 0).overrides())
     iid = load_config(str(replicate.CONFIG), replicate.Planned("iid", "static", 0).overrides())
@@ -46,6 +49,38 @@ def test_every_arm_of_every_setting_is_a_valid_config():
     assert "train_max_calls" not in iid.env.options and iid.env.options["num_tasks"] == shift.env.options["num_tasks"]
     tools = load_config(str(replicate.TOOLS_CONFIG), replicate.Planned("tools", "coevolve", 0).overrides())
     assert tuple(tools.env.options["train_without_tools"]) == replicate.LEFT_OUT_TOOLS
+    assert tools.grpo.guidance == "solution" and tools.signals.unexplored  # the full method
+    assert (tools.rollout.group_size, tools.run.max_steps) == (8, 24)  # the paper's K, at least 24 steps
+    for arm, guided, unexplored in (("coevolve w/o guidance", "off", True), ("coevolve w/o unexplored", "solution",
+                                                                             False), ("static", "off", False)):
+        config = load_config(str(replicate.TOOLS_CONFIG), replicate.Planned("tools", arm, 0).overrides())
+        assert (config.grpo.guidance, config.signals.unexplored) == (guided, unexplored), arm
+    oracle = load_config(str(replicate.TOOLS_CONFIG), replicate.Planned("tools", "oracle data", 0).overrides())
+    assert oracle.env.options["train_without_tools"] == [] and oracle.model.demo_without_tools == ("cat", "cd")
+    assert oracle.run.mode == "static" and oracle.grpo.guidance == "off"
+    shift_oracle = load_config(str(replicate.CONFIG), replicate.Planned("shift", "oracle data", 0).overrides())
+    assert shift_oracle.env.options["train_max_calls"] == 2 and shift_oracle.model.demo_max_calls == 1
+    assert not replicate.runs_in("oracle data", "iid")  # D_0 of the i.i.d. setting holds everything already
+
+
+def test_the_oracle_arm_sees_the_shifted_tasks_and_the_same_prompt():
+    """D_0 of `oracle data` holds the cat/cd tasks in their natural share; its worked examples are those of the
+    arms whose D_0 lacks them (so the prompt is the same)."""
+    from coevolve.config import load_config
+    from coevolve.run_setup import build_env, build_renderer, load_tasks
+
+    def prompt_and_tasks(arm):
+        config = load_config(str(replicate.TOOLS_CONFIG), replicate.Planned("tools", arm, 0).overrides())
+        env = build_env(config)
+        _, renderer, tasks = build_renderer(config, env, load_tasks(config, env))
+        return renderer.demonstrations, tasks
+
+    static_demos, static_tasks = prompt_and_tasks("static")
+    oracle_demos, oracle_tasks = prompt_and_tasks("oracle data")
+    assert oracle_demos == static_demos
+    shifted = [t for t in oracle_tasks if set(t.truth_tools) & set(replicate.LEFT_OUT_TOOLS)]
+    assert not [t for t in static_tasks if set(t.truth_tools) & set(replicate.LEFT_OUT_TOOLS)]
+    assert 0.2 < len(shifted) / len(oracle_tasks) < 0.5 and len(oracle_tasks) == len(static_tasks) + len(shifted)
 
 
 def test_each_setting_names_its_shifted_part():
@@ -56,16 +91,33 @@ def test_each_setting_names_its_shifted_part():
 
 
 def test_the_plan_puts_the_headline_comparison_first():
-    runs = replicate.plan(["shift", "iid"], ["zero-shot", "static", "coevolve", "random", "coevolve w/o rare"],
-                          [0, 1], [0])
+    runs = replicate.plan(["tools", "shift"], ["zero-shot", "static", "coevolve", "oracle data", "random",
+                                               "coevolve w/o unexplored"], [0, 1], [0])
     names = [run.name for run in runs]
-    assert names[:5] == ["shift/zero-shot-seed0", "shift/static-seed0", "shift/coevolve-seed0",
-                         "shift/static-seed1", "shift/coevolve-seed1"]
-    assert names[5:8] == ["shift/random-seed0", "shift/random-seed1", "shift/coevolve-wo-rare-seed0"]
-    assert names[8] == "iid/zero-shot-seed0" and len(names) == 16 and len(set(names)) == 16
+    assert names[:9] == ["tools/zero-shot-seed0", "tools/static-seed0", "tools/coevolve-seed0",
+                         "tools/oracle-data-seed0", "tools/random-seed0", "tools/static-seed1", "tools/coevolve-seed1",
+                         "tools/oracle-data-seed1", "tools/random-seed1"]  # whole seeds of the main arms first
+    assert names[9] == "tools/coevolve-wo-unexplored-seed0" and names[10] == "shift/zero-shot-seed0"
+    assert "shift/oracle-data-seed0" in names and len(names) == len(set(names)) == 2 * 11
     wide = replicate.plan(["shift", "iid", "tools"], ["static", "coevolve wide"], [0], [0])
     assert [run.name for run in wide] == ["shift/static-seed0", "shift/coevolve-wide-seed0", "iid/static-seed0",
                                           "tools/static-seed0"]  # a diagnosis arm runs where it diagnoses
+
+
+def test_the_goal_lines_by_hand():
+    def result(arm, seed, shifted):
+        return {"arm": arm, "seed": seed, "after": 0.5, "after_by_part": {"seen tools": 0.5, "cat or cd": shifted}}
+
+    rows = {"static": [result("static", 0, 0.1), result("static", 1, 0.2)],
+            "coevolve": [result("coevolve", 0, 0.2), result("coevolve", 1, 0.4)],
+            "random": [result("random", 0, 0.2), result("random", 1, 0.2)],
+            "oracle data": [result("oracle data", 0, 0.5), result("oracle data", 1, 0.6)]}
+    lines = replicate.goal_lines(rows, replicate.SETTINGS["tools"]).splitlines()
+    # coevolve - static: (0.1, 0.2) -> +0.150, sd 0.0707, t(1) 12.706 -> +- 0.635; vs random: (0.0, 0.2) -> +0.100
+    # +- 1.271; oracle gain over static 0.55 - 0.15 = 0.40, coevolve's 0.30 - 0.15 = 0.15: 38%
+    assert lines == ["- coevolve - static on cat or cd: +0.150 +- 0.635 (2 seeds)",
+                     "- coevolve - random on cat or cd: +0.100 +- 1.271 (2 seeds)",
+                     "- oracle data - static on cat or cd: +0.400; coevolve reaches 38% of it (2 seeds)"]
 
 
 def _finished_run(folder: Path, after: float, heldout: list[tuple[int, bool]], added_by_calls: dict,
@@ -124,7 +176,9 @@ def test_finished_runs_are_read_back_and_paired_against_static(tmp_path, monkeyp
     assert cells[4] == "0.500 +- 0.000" and cells[5] == "+0.000 +- 0.000"  # 1-call: 2 of 4 in every run
     assert cells[6] == "0.250 +- 0.000" and cells[7] == "+0.250 +- 0.000"  # 2-call: 1 of 4 against 0 of 4
     assert cells[2] == "0.338 +- 0.159" and "| - |" in table["static"]  # no delta of static against itself
-    assert cells[8] == "3.0 (2.0)" and cells[9].startswith("4 / 2 / 6")  # tasks added (2-call); signals summed
+    assert cells[8] == "3.0 (2.0; 0.0)"  # tasks added (2-call; of those one call: none can be)
+    assert cells[9] == "0 / 0" and cells[10] == "0.0"  # no rollout log here; no guided rollout
+    assert cells[11].startswith("4 / 2 / 6")  # signals summed over the two runs
     assert "1-call: mean" in out and "2-call: delta vs static" in out
     assert not any(tmp_path.glob("*/*/checkpoints"))  # optimizer states go once a run is finished (disk space)
 

@@ -19,7 +19,7 @@ from support import ls_tasks, run_record, write_tasks
 REPO = Path(__file__).resolve().parent.parent
 FIELDS = {"iteration", "steps", "train_success", "heldout_success", "signals", "synthesis", "pool", "failures",
           "seconds", "feedback_share", "heldout_by_calls", "heldout_by_tools",
-          "patterns", "train_seconds"}
+          "patterns", "train_seconds", "guided", "new_tool_tasks"}
 
 
 def settings(model_dir: Path, tasks_file: Path, mode: str, *extra: str) -> list[str]:
@@ -149,7 +149,9 @@ loop.run(None, sys.argv[2:], sys.argv[1], say=lambda text: None)
 
 
 def test_sigkill_in_synthesis_then_resume_loses_and_doubles_nothing(tmp_path, ls_policy_dir, tasks_file):
-    options = settings(ls_policy_dir, tasks_file, "coevolve", "run.max_steps=3")
+    # The whole method: guidance and the unexplored rare on (a redo reads guided rollouts back from the log too).
+    options = settings(ls_policy_dir, tasks_file, "coevolve", "run.max_steps=3", "grpo.guidance=solution",
+                       "signals.unexplored=true")
     reference = tmp_path / "reference"
     run(None, options, str(reference), say=lambda text: None)
 

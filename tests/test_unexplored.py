@@ -1,0 +1,149 @@
+"""Rare over the unexplored tools (`signals.unexplored`) and the exploration that yields the missing task: a tool the
+iteration's tasks expose and no rollout called raises a rare event; its context names the tool; the explorer calls
+it; the abstractor proposes the shortest solutions ending in it and validation keeps the shortest that passes."""
+
+from __future__ import annotations
+
+from coevolve.abstract import Abstraction, TemplateAbstractor, focus_solutions
+from coevolve.envs.base import step_failure
+from coevolve.envs.bfcl_lite import BFCLLiteEnv
+from coevolve.explore import ExploreConfig, OfflineExplorer, build_context, describe
+from coevolve.records import Candidate, ExplorationEpisode, SignalEvent, Step, ToolCall, Trajectory
+from coevolve.signals import SignalConfig, extract_signals, unexplored_tools
+from coevolve.synthesis import signal_contexts, validate
+from coevolve.validate import Validator
+
+
+def rollout(trajectory_id, task_id, score, names):
+    steps = tuple(Step(0, index, f"{name}()", ToolCall(name), "ok") for index, name in enumerate(names))
+    return Trajectory(trajectory_id, task_id, 0, 0, steps, score)
+
+
+def test_unexplored_tools_by_hand():
+    exposed = {"A": ["ls", "cd", "cat"], "B": ["ls", "cat", "rm"], "C": ["cat", "rm"]}
+    # cd: exposed by A only; cat: by A, B, C (second unexplored tool -> second task exposing it); rm: B, C (third
+    # -> index 2 mod 2 = 0 -> B). ls was called.
+    assert unexplored_tools(exposed, {"ls"}) == [("cd", "A"), ("cat", "B"), ("rm", "B")]
+    assert unexplored_tools(exposed, {"ls", "cd", "cat", "rm"}) == []
+    assert unexplored_tools({}, ()) == []
+
+
+def test_a_tool_no_rollout_called_raises_a_rare_event_only_when_switched_on():
+    rollouts = [rollout("A1", "A", 1.0, ("ls",)), rollout("A2", "A", 0.0, ("ls", "ls")),
+                rollout("B1", "B", 0.0, ("rm",)), rollout("B2", "B", 0.0, ("rm",))]
+    exposed = {"A": ["ls", "cd", "cat", "rm"], "B": ["ls", "cat", "rm"], "Z": ["mkdir"]}  # Z had no rollout
+    config = SignalConfig(theta_percent=1.0, enabled=("rare",), unexplored=True)
+    report = extract_signals(rollouts, {}, config, 3, exposed)
+    unexplored = [e for e in report.events if "unexplored" in e.evidence]
+    assert [(e.kind, e.evidence["unexplored"], e.task_id, e.trajectory_ids) for e in unexplored] == [
+        ("rare", "cd", "A", ()), ("rare", "cat", "B", ())]  # cat: exposed by A and B, second unexplored tool -> B
+    assert unexplored[0].evidence["frequencies"] == {"cd": 0.0}
+    assert report.events[-2:] == tuple(unexplored)  # after the task-by-task events
+    assert not [e for e in extract_signals(rollouts, {}, SignalConfig(theta_percent=1.0, enabled=("rare",)), 3,
+                                           exposed).events if "unexplored" in e.evidence]
+    no_rare = SignalConfig(enabled=("boundary",), unexplored=True)
+    assert [e.kind for e in extract_signals(rollouts, {}, no_rare, 3, exposed).events] == ["boundary"]
+
+
+def lite():
+    env = BFCLLiteEnv("train")
+    task = next(t for t in env.tasks() if t.truth_tools == ("ls",))
+    return env, task
+
+
+def test_the_context_names_the_tool_and_unexplored_events_lead_the_rare_turn():
+    env, task = lite()
+    event = SignalEvent("rare", task.id, 2, (), {"unexplored": "cat", "frequencies": {"cat": 0.0}})
+    context = build_context(event, task, {})
+    assert context.focus_tool == "cat" and context.focus_tools == ("cat",) and context.signal == "rare"
+    assert context.id == f"rare-cat-{task.id}-i2" and "No agent has called cat yet" in describe(context, task, 6)
+    plain_rare = SignalEvent("rare", task.id, 2, ("x",), {"frequencies": {"rm": 0.01}})
+    boundary = SignalEvent("boundary", task.id, 2, (), {"scores": []})
+    contexts = signal_contexts([plain_rare, boundary, event], {task.id: task}, {}, max_contexts=2)
+    assert [c.id for c in contexts] == [f"boundary-{task.id}-i2", f"rare-cat-{task.id}-i2"]
+
+
+def test_a_focus_episode_calls_its_tool_and_yields_a_one_call_task():
+    env, task = lite()
+    event = SignalEvent("rare", task.id, 1, (), {"unexplored": "cat", "frequencies": {"cat": 0.0}})
+    context = build_context(event, task, {})
+    # No focus weight at all: only the guaranteed last call makes the episode call cat.
+    explorer = OfflineExplorer(ExploreConfig(step_budget=4, focus_weight=0.0))
+    episodes = [explorer.explore(env, [context], {task.id: task}, seed=seed)[0] for seed in range(12)]
+    assert all(e.focus == "cat" for e in episodes)
+    assert all(any(s.call is not None and s.call.name == "cat" for s in e.steps) for e in episodes)
+    ran = [e for e in episodes if any(s.call.name == "cat" and step_failure(s) is None
+                                      for s in e.steps if s.call is not None)]
+    assert ran, "some seed's cat call should find a file"
+
+    abstractor = TemplateAbstractor()
+    abstractions = abstractor.abstract(env, ran, {task.id: task})
+    assert all(a.shortest_only for a in abstractions)
+    for abstraction in abstractions:
+        assert all(c.solution[-1].startswith("cat(") for c in abstraction.candidates)
+        assert len(abstraction.candidates[0].solution) == 1  # the call alone first
+    validated = validate(abstractions, Validator(env, known=env.tasks()), 1)
+    accepted = [v.task for v in validated.items if v.task is not None]
+    assert accepted and all(t.truth_tools[-1] == "cat" for t in accepted)
+    # Per episode and cat call, one solution stands: the shortest that passed.
+    keys = [(v.candidate.episode_id, v.candidate.solution[-1]) for v in validated.items if v.verdict.accepted]
+    assert len(keys) == len(set(keys))
+
+
+def step(text):
+    from coevolve.calls import parse_call
+
+    return Step(0, 0, text, parse_call(text), "{}")
+
+
+def test_focus_solutions_by_hand():
+    steps = [step("ls()"), step("cd(folder='a')"), step("cat(file_name='x')"), step("mkdir(dir_name='n')"),
+             step("cat(file_name='y')")]
+    texts = [[s.action for s in solution] for solution in focus_solutions(steps, "cat", 2)]
+    assert texts == [
+        ["cat(file_name='x')"], ["cat(file_name='y')"],  # one call, earlier focus call first
+        ["cd(folder='a')", "cat(file_name='x')"], ["ls()", "cat(file_name='x')"],  # nearest earlier call first
+        ["mkdir(dir_name='n')", "cat(file_name='y')"], ["cat(file_name='x')", "cat(file_name='y')"],
+        ["cd(folder='a')", "cat(file_name='y')"], ["ls()", "cat(file_name='y')"]]
+    assert focus_solutions(steps, "rm", 3) == []
+    assert len(focus_solutions(steps, "cat", 1)) == 2
+
+
+def test_validation_skips_longer_alternatives_once_a_shorter_one_passed():
+    env, task = lite()
+    files = [name for name in env.reset(task).act(["ls()"])[0].observation.split('"') if "." in name]
+    name = files[0]
+
+    def candidate(solution):
+        return Candidate.create(task.env, "show a file", f"Show me {name}", solution, task.initial_state, task.meta,
+                                task.id, "rare", "episode-1", "template")
+
+    one, two = candidate([f"cat(file_name='{name}')"]), candidate(["ls()", f"cat(file_name='{name}')"])
+    focused = Abstraction("episode-1", (one, two), shortest_only=True)
+    stage = validate([focused], Validator(env, known=env.tasks()), 1)
+    assert [v.candidate.id for v in stage.items] == [one.id] and stage.skipped == {"shorter_solution_accepted": 1}
+    plain = Abstraction("episode-1", (one, two))
+    assert len(validate([plain], Validator(env, known=env.tasks()), 1).items) == 2
+    assert ExplorationEpisode.from_dict({**ExplorationEpisode("e", "c", "t", "rare", "offline", (), focus="cat")
+                                         .to_dict()}).focus == "cat"
+
+
+def test_new_tool_tasks_counts_what_d0_never_calls(tmp_path):
+    from dataclasses import replace
+
+    from coevolve.pool import TaskPool
+    from coevolve.records import Provenance, Task
+    from coevolve.run_setup import new_tool_tasks
+
+    def task(name, calls, source="seed"):
+        made = Task.create("bfcl-lite", name, [[{"role": "user", "content": name}]], {}, [calls])
+        return replace(made, provenance=Provenance(source=source))
+
+    with TaskPool(tmp_path / "pool.sqlite") as pool:
+        pool.add_tasks([task("a", ["ls()"]), task("b", ["mkdir(dir_name='x')"])], 0)
+        pool.start_iteration(1)
+        pool.add_tasks([task("c", ["cat(file_name='f')"], "synthetic"),
+                        task("d", ["cd(folder='p')", "cat(file_name='g')"], "synthetic"),
+                        task("e", ["ls(a=True)"], "synthetic")], 1)
+        assert new_tool_tasks(pool, 1, {"ls", "mkdir"}) == {"admitted": 2, "one_call": 1}
+        assert new_tool_tasks(pool, 0, {"ls", "mkdir"}) == {"admitted": 0, "one_call": 0}
