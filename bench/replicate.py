@@ -518,8 +518,8 @@ def main() -> None:
     print(text)
     if args.no_write:
         return
-    write_section("replicate-shift", f"""
-## Replication: coevolve vs plain GRPO on a coverage shift (`bench/replicate.py`)
+    write_section("replicate-teach", f"""
+## Replication with guidance, the unexplored rare and an oracle-data bound (`bench/replicate.py`)
 
 Question: at equal rollout budget, does CoEvolve beat GRPO on the static D_0, above all on held-out tasks D_0
 does not cover (setting `tools`: D_0 never calls `cat` or `cd`, held-out tasks calling them; setting `shift`: D_0
