@@ -30,8 +30,8 @@ t interval over the differences. The zero-shot row's interval is Wilson's over i
 
 Resumable and run in chunks: each run has its own directory under `--out`/SETTING; a finished run (summary.json
 present) is read, not rerun; an interrupted one continues with `--resume`. Runs go in priority order (`plan`):
-per setting, the main arms seed by seed (static and coevolve first), then the ablations, so a stopped invocation
-leaves whole seeds of the most important paired comparisons. `--max-minutes M` starts no run after M minutes;
+per setting, seed by seed, the main arms (static and coevolve first) and then, on the ablation seeds, the
+ablations, so a stopped invocation leaves whole seeds of every arm. `--max-minutes M` starts no run after M minutes;
 `--jobs J` runs J at a time, each with cores/J torch threads. Usage: `python bench/replicate.py [--settings tools
 shift iid] [--seeds 0 1 2 3 4] [--ablation-seeds 0 1 2] [--jobs 2] [--max-minutes M] [--no-write]`.
 """
@@ -156,17 +156,18 @@ class Planned:
 
 
 def plan(settings: list[str], arms: list[str], seeds: list[int], ablation_seeds: list[int]) -> list[Planned]:
-    """Every run, most important first: per setting, zero-shot; the main arms seed by seed, static and coevolve
-    first (the headline paired comparison), so a stopped invocation leaves whole seeds; the ablations; anything
-    else asked for."""
+    """Every run, most important first: per setting, zero-shot; then seed by seed the main arms (static and coevolve
+    first: the headline paired comparison) and, for the ablation seeds, the ablations, so a stopped invocation
+    leaves whole seeds of every arm; anything else asked for."""
     runs: list[Planned] = []
     for setting in settings:
         if "zero-shot" in arms:
             runs.append(Planned(setting, "zero-shot", seeds[0]))
-        runs += [Planned(setting, arm, seed) for seed in seeds for arm in MAIN_ARMS
-                 if arm in arms and runs_in(arm, setting)]
-        runs += [Planned(setting, arm, seed) for seed in ablation_seeds for arm in ABLATIONS
-                 if arm in arms and runs_in(arm, setting)]
+        for seed in dict.fromkeys([*seeds, *ablation_seeds]):
+            runs += [Planned(setting, arm, seed) for arm in MAIN_ARMS
+                     if seed in seeds and arm in arms and runs_in(arm, setting)]
+            runs += [Planned(setting, arm, seed) for arm in ABLATIONS
+                     if seed in ablation_seeds and arm in arms and runs_in(arm, setting)]
         runs += [Planned(setting, arm, seed) for seed in seeds for arm in arms
                  if arm not in (*MAIN_ARMS, *ABLATIONS, "zero-shot") and runs_in(arm, setting)]
     return runs
