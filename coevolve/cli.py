@@ -90,9 +90,13 @@ def _eval_parser(subparsers) -> None:
 def run_eval(args: argparse.Namespace) -> int:
     from coevolve.envs import ENVS, make_env
 
+    if args.limit is not None and args.limit < 1:
+        raise UsageError("--limit must be at least 1")
     if args.env.startswith("python:"):  # your own tools: a class and a task file
         from coevolve.envs.python_env import EnvDefinitionError
 
+        if args.category is not None:
+            raise UsageError("--category is for env bfcl; your own tools have one task file (choose with --split)")
         if not args.tasks:
             raise UsageError("--env python:... needs --tasks FILE (JSON lines: query or turns, reset, ground_truth)")
         try:
@@ -102,8 +106,6 @@ def run_eval(args: argparse.Namespace) -> int:
         return _eval_env(args, env, {"split": args.split} if args.split else {})
     if args.env not in ENVS:
         raise UsageError(f"unknown env {args.env!r}; known: {', '.join(ENVS.names())}, python:package.module:Class")
-    if args.limit is not None and args.limit < 1:
-        raise UsageError("--limit must be at least 1")
     options = {name: value for name, value in (("category", args.category), ("split", args.split)) if value is not None}
     accepted = inspect.signature(ENVS.get(args.env)).parameters
     unknown = [f"--{name}" for name in options if name not in accepted]
@@ -114,7 +116,7 @@ def run_eval(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise UsageError(str(error)) from None
     if args.tasks:  # any task file of this env (e.g. `coevolve pool DIR --export FILE`) instead of its own tasks
-        env = _WithTasks(env, _task_file(args.tasks, env.name))
+        env = _WithTasks(env, _task_file(args.tasks, env.name, getattr(env, "check_task", None)))
     return _eval_env(args, env, options)
 
 
@@ -131,7 +133,7 @@ class _WithTasks:
         return getattr(self._env, name)
 
 
-def _task_file(path: str, env_name: str) -> list:
+def _task_file(path: str, env_name: str, check_task: Any = None) -> list:
     from coevolve.jsonl import jsonl_rows
     from coevolve.records import Task
 
@@ -149,6 +151,9 @@ def _task_file(path: str, env_name: str) -> list:
             raise UsageError(f"--tasks {path}:{number}: not a task record ({error!r})") from None
         if task.env != env_name:
             raise UsageError(f"--tasks {path}:{number}: a task of env {task.env!r}, not {env_name!r}")
+        problem = check_task(task) if check_task is not None else None
+        if problem:
+            raise UsageError(f"--tasks {path}:{number}: {problem}")
         tasks.append(task)
     if not tasks:
         raise UsageError(f"--tasks {path}: no task in it")
@@ -252,7 +257,7 @@ def evaluation_tasks(env: Any, env_name: str, scope: str, limit: int | None, dem
         demo_env = env.with_split("train")
         evaluated = {task.id for task in tasks}
         return tasks, demo_env, [task for task in demo_env.tasks() if task.id not in evaluated]
-    if hasattr(env, "split"):
+    if getattr(env, "split", None) is not None:  # an env with splits, one of them chosen (BFCL's are optional)
         demo_env = make_env(env_name, scope=scope, split="train")
         evaluated = {task.id for task in tasks}
         return tasks, demo_env, [task for task in demo_env.tasks() if task.id not in evaluated]
@@ -348,12 +353,16 @@ def run_train(args: argparse.Namespace) -> int:
     if not args.config and not args.resume:
         raise UsageError("--config FILE is required (e.g. configs/lite-static.yaml), unless --resume")
     try:
-        if args.dry_run:
+        if args.dry_run:  # everything a run checks before it writes: the config, the env, D_0, the held-out set
             import yaml
 
-            from coevolve.run_setup import resolve_config
+            from coevolve.run_setup import build_env, build_eval, check_heldout, load_tasks, resolve_config
 
             config, _ = resolve_config(args.config, args.overrides, args.output_dir, args.resume)
+            env = build_env(config)
+            seed_tasks, (_, heldout) = load_tasks(config, env), build_eval(config, env)
+            if config.run.mode != "zero-shot":
+                check_heldout(config, seed_tasks, heldout)
             print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
             return 0
         run(args.config, args.overrides, args.output_dir, args.resume)

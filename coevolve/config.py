@@ -59,7 +59,8 @@ class RunSection:
 class EnvSection:
     name: str = "bfcl-lite"
     split: str | None = "train"
-    """Task split for envs that have one (bfcl-lite); D_0 is this split."""
+    """Task split for envs that have one (bfcl-lite, appworld, python task files; bfcl: a seeded half of the
+    category, `coevolve.envs.bfcl.bfcl_split`); D_0 is this split, the held-out set `loop.eval_split`."""
     category: str | None = None
     """BFCL-V3 multi-turn category (env `bfcl`)."""
     limit: int | None = None
@@ -231,6 +232,10 @@ class LoopSection:
     eval_category: str | None = None
     eval_limit: int | None = 40
     """Held-out tasks evaluated (the first N of the split: a fixed set, never trained on)."""
+    allow_heldout_overlap: bool = False
+    """A run refuses a held-out set that shares a task with D_0 (the same id, or the same env, initial state and
+    query: a score there measures memory). True only on purpose (e.g. the paper's own BFCL protocol, where D_0 comes
+    from exploring the env and all 200 entries are evaluated)."""
     eval_before_training: bool = True
     """Evaluate the held-out set before training (iteration 0). Runs that share a base model share that figure:
     bench/replicate.py evaluates it once per setting (its zero-shot arm) and turns it off in the training arms."""
@@ -494,21 +499,67 @@ def from_dict(data: Mapping[str, Any] | None) -> Config:
     return Config(**{name: _section(hints[name], values or {}, name) for name, values in data.items()})
 
 
+MAX_CONFIG_BYTES = 1 << 20
+MAX_YAML_VALUES = 100_000
+"""Values a config may hold once its aliases are expanded: a 540-byte document of nested aliases (a "billion laughs")
+would otherwise expand without bound when the config is copied or written back."""
+MAX_YAML_DEPTH = 64
+
+
+def read_yaml(text: str, where: str) -> Any:
+    """YAML text -> plain data, bounded: at most MAX_YAML_VALUES values with every alias expanded, at most
+    MAX_YAML_DEPTH levels deep, no alias that contains itself; anything else is a one-line ConfigError."""
+    import yaml
+
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{where}: {len(text)} characters; a config is at most {MAX_CONFIG_BYTES}")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{where} is not valid YAML: {' '.join(str(error).split())[:300]}") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: nested deeper than {MAX_YAML_DEPTH} levels") from None
+    sizes: dict[int, int] = {}
+
+    def size(node: Any, depth: int, open_nodes: set[int]) -> int:
+        if depth > MAX_YAML_DEPTH:
+            raise ConfigError(f"{where}: nested deeper than {MAX_YAML_DEPTH} levels")
+        if not isinstance(node, (dict, list)):
+            return 1
+        key = id(node)
+        if key in open_nodes:
+            raise ConfigError(f"{where}: a YAML alias contains itself")
+        if key not in sizes:  # an alias is the same object again: its size is counted at every use, computed once
+            open_nodes.add(key)
+            total = 1
+            for item in (list(node.keys()) + list(node.values()) if isinstance(node, dict) else node):
+                total += size(item, depth + 1, open_nodes)
+                if total > MAX_YAML_VALUES:
+                    raise ConfigError(f"{where}: expands to more than {MAX_YAML_VALUES} values (nested YAML "
+                                      "aliases?); write the values out")
+            open_nodes.discard(key)
+            sizes[key] = total
+        return sizes[key]
+
+    if size(value, 0, set()) > MAX_YAML_VALUES:
+        raise ConfigError(f"{where}: expands to more than {MAX_YAML_VALUES} values (nested YAML aliases?)")
+    return value
+
+
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """`section.key=value` strings; the value is read as YAML (`4`, `1e-6`, `true`, `null`, `[a, b]`). A mapping
     field takes one more level: `env.options.root=/data/appworld`."""
-    import yaml
-
+    for name, values in data.items():
+        if values is not None and not isinstance(values, Mapping):
+            raise ConfigError(f"config section {str(name)[:40]!r} must be a mapping of keys (section: then key: "
+                              f"value lines), got {type(values).__name__}")
     data = {name: dict(values or {}) for name, values in data.items()}
     for override in overrides:
         key, sep, text = override.partition("=")
         parts = key.strip().split(".")
         if not sep or len(parts) not in (2, 3) or not all(parts):
             raise ConfigError(f"override {override!r}: expected section.key=value, e.g. grpo.learning_rate=1e-6")
-        try:
-            value = yaml.safe_load(text) if text.strip() else ""
-        except yaml.YAMLError as error:
-            raise ConfigError(f"override {override!r}: {error}") from None
+        value = read_yaml(text, f"override {override[:80]!r}") if text.strip() else ""
         section = data.setdefault(parts[0], {})
         if len(parts) == 3:
             inner = section.get(parts[1])
@@ -521,16 +572,17 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
 
 
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Config:
-    import yaml
-
     data: dict[str, Any] = {}
     if path is not None:
         try:
-            loaded = yaml.safe_load(Path(path).read_text())
+            if Path(path).is_file() and Path(path).stat().st_size > MAX_CONFIG_BYTES:
+                raise ConfigError(f"config {path}: larger than {MAX_CONFIG_BYTES} bytes")
+            text = Path(path).read_text(encoding="utf-8")
         except OSError as error:
-            raise ConfigError(f"cannot read config {path}: {error.strerror}") from None
-        except yaml.YAMLError as error:
-            raise ConfigError(f"config {path} is not valid YAML: {error}") from None
+            raise ConfigError(f"cannot read config {path}: {error.strerror or error}") from None
+        except UnicodeDecodeError as error:
+            raise ConfigError(f"config {path} is not UTF-8 text (byte {error.start})") from None
+        loaded = read_yaml(text, f"config {path}")
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config {path}: expected sections (run:, env:, model:, ...) at the top level")
         data = loaded or {}

@@ -40,12 +40,15 @@ def jsonl_rows(path: Any, strict: bool = True,
         if not line.strip():
             continue
         try:
-            yield number, json.loads(line)
-        except json.JSONDecodeError as error:
+            value = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as error:  # a line nested past the parser's depth: bad too
+            why = f"not valid JSON ({error.msg})" if isinstance(error, json.JSONDecodeError) else "nested too deep"
             if strict:
-                raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from None
+                raise ValueError(f"{path}:{number}: {why}") from None
             if on_bad is not None:
-                on_bad(number, f"not valid JSON ({error.msg})")
+                on_bad(number, why)
+            continue
+        yield number, value
 
 
 def read_jsonl(path: Path, skip_bad: bool = True) -> list[dict[str, Any]]:

@@ -106,10 +106,11 @@ from coevolve.jsonl import JsonLines, atomic_write_text
 from coevolve.pool import BatchMix, TaskPool, recently_solved
 from coevolve.records import SIGNAL_KINDS, ExplorationContext, Task, Trajectory
 from coevolve.report import write_report
-from coevolve.run_setup import (METRICS, Heldout, build_env, build_eval, build_renderer, build_trainer,
-                                check_processes, exposed_tools, first_heldout, heldout_text, last_heldout, load_tasks,
-                                new_tool_tasks, open_pool, policy_backend, pool_sizes, prepare_run, process_state,
-                                resume_plan, run_logging, success_by, summary_of, summary_table, PhaseTimer)
+from coevolve.run_setup import (METRICS, Heldout, PhaseTimer, build_env, build_eval, build_renderer, build_trainer,
+                                check_heldout, check_processes, exposed_tools, first_heldout, heldout_text,
+                                last_heldout, load_tasks, new_tool_tasks, open_pool, policy_backend, pool_sizes,
+                                process_state, resolve_config, resume_plan, run_logging, success_by, summary_of,
+                                summary_table, write_run_config)
 from coevolve.signals import SignalReport, extract_signals
 from coevolve.synthesis import (Deadline, Stage, SynthesisResult, abstract, build_abstractor, build_explorer, explore,
                                 signal_contexts, synthesis_result, validate)
@@ -479,7 +480,10 @@ class Run:
 
 
 def synthesize_before_training(run: Run) -> None:
-    """Mode synthetic: one synthesis pass over random contexts of D_0 before training; the admitted tasks join D_0."""
+    """Mode synthetic: one synthesis pass over random contexts of D_0 before training; the admitted tasks join D_0.
+    Once: a resume after the pass admitted its tasks (a kill in the evaluation that follows) finds them there."""
+    if run.pool.tasks_at(0, source="synthetic"):
+        return
     contexts = random_contexts(run.pool.tasks_at(0), run.config.loop.synthetic_contexts, 0, run.config.run.seed)
     deadline = Deadline.after(run.config.synthesis.time_budget_seconds)
     explored = explore_contexts(run, 0, contexts, deadline)
@@ -498,8 +502,10 @@ def synthesize_before_training(run: Run) -> None:
 def run(config_path: str | None, overrides: Sequence[str] = (), output_dir: str | None = None,
         resume: bool = False, backend: Any = None, say: Callable[[str], None] = print) -> RunResult:
     """A whole run: set-up, iteration 0's evaluation, iterations 1..T (`coevolve_iteration`), the final model."""
+    from coevolve.run_lock import RunLock
+
     started = time.perf_counter()
-    config, directory = prepare_run(config_path, overrides, output_dir, resume)
+    config, directory = resolve_config(config_path, overrides, output_dir, resume)
     process = process_state(config)
     if say is print:  # lines between the progress bar's redraws
         from tqdm.auto import tqdm
@@ -507,15 +513,23 @@ def run(config_path: str | None, overrides: Sequence[str] = (), output_dir: str 
         say = tqdm.write
     say = say if process.is_main_process else (lambda text: None)  # one voice for N processes
     check_processes(config, process.num_processes, deepspeed=process.distributed_type.name == "DEEPSPEED")
-    with run_logging(directory):  # library warnings and TRL's per-step dicts go to run.log, not the screen
-        return _run(config, directory, process, started, resume, backend, say)
+    env = build_env(config)
+    seed_tasks = load_tasks(config, env)
+    eval_env, eval_tasks = build_eval(config, env)
+    if config.run.mode != "zero-shot":  # refused before anything is written; zero-shot trains on nothing
+        check_heldout(config, seed_tasks, eval_tasks)
+    # One writer per run directory, from before its first write to the end (`coevolve.run_lock`).
+    with RunLock(directory, enabled=process.is_main_process):
+        write_run_config(config, directory, process.is_main_process)
+        with run_logging(directory):  # library warnings and TRL's per-step dicts go to run.log, not the screen
+            return _run(config, directory, process, started, resume, backend, say,
+                        (env, seed_tasks, eval_env, eval_tasks))
 
 
 def _run(config: Config, directory: Path, process: Any, started: float, resume: bool, backend: Any,
-         say: Callable[[str], None]) -> RunResult:
-    env = build_env(config)
-    tokenizer, renderer, tasks = build_renderer(config, env, load_tasks(config, env))
-    eval_env, eval_tasks = build_eval(config, env)
+         say: Callable[[str], None], envs: tuple[Env, list[Task], Env, list[Task]]) -> RunResult:
+    env, seed_tasks, eval_env, eval_tasks = envs
+    tokenizer, renderer, tasks = build_renderer(config, env, seed_tasks)
     say(f"run {directory}: mode {config.run.mode}, {len(tasks)} tasks, model {config.model.name}, "
         f"{config.run.max_steps} steps of {config.grpo.prompts_per_step} tasks x {config.rollout.group_size} rollouts "
         f"in iterations of {config.loop.steps_per_iteration}; held-out: {len(eval_tasks)} tasks")

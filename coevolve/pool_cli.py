@@ -13,6 +13,7 @@ import argparse
 import json
 import sqlite3
 import sys
+from pathlib import Path
 from typing import Any
 
 from coevolve.pool import POOL_FILENAME, PoolEntry, PoolError, TaskPool, pool_path
@@ -42,6 +43,9 @@ def run_pool(args: argparse.Namespace) -> int:
         return _fail(f"no such directory: {args.directory}")
     if not path.is_file():
         return _fail(f"no {POOL_FILENAME} in {args.directory}")
+    refused = export_refusal(args.export, path) if args.export else None
+    if refused:
+        return _fail(refused)
     try:
         with TaskPool(path, create=False) as pool:
             iteration = args.iteration if args.iteration is not None else pool.latest_iteration()
@@ -52,8 +56,6 @@ def run_pool(args: argparse.Namespace) -> int:
         return _fail(f"cannot read {path}: {error}")
     rows = [entry_row(entry) for entry in entries]
     if args.export:
-        from pathlib import Path
-
         from coevolve.jsonl import atomic_write_text, jsonl_text
 
         try:
@@ -66,6 +68,19 @@ def run_pool(args: argparse.Namespace) -> int:
     else:
         _print_table(iteration, rows)
     return 0
+
+
+def export_refusal(export: str, pool_file: Path) -> str | None:
+    """Why `--export FILE` must not be written, or None: the export never replaces a file of the run it reads (its
+    pool, the pool's WAL files, its logs): a run directory's existing files are the run's record."""
+    target, run_dir = Path(export).resolve(), pool_file.parent.resolve()
+    if target in {Path(f"{pool_file.resolve()}{suffix}") for suffix in ("", "-wal", "-shm", "-journal")}:
+        return f"--export {export} is the run's own pool; name another file"
+    if target.parent == run_dir and target.exists():
+        return f"--export {export} would replace the run's own {target.name}; name a new file"
+    if target.is_dir():
+        return f"--export {export} is a directory; name a file"
+    return None
 
 
 def entry_row(entry: PoolEntry) -> dict[str, Any]:

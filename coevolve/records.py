@@ -36,6 +36,15 @@ def content_hash(value: Any, length: int = 16) -> str:
 
 
 def _turns(value: Sequence[Sequence[Any]]) -> tuple[tuple[Any, ...], ...]:
+    """Per turn, its call strings; a string where a list belongs is refused (it would read as one turn per
+    character)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"ground_truth must be a list of turns, each a list of call strings; got {type(value).__name__}")
+    for turn in value:
+        if isinstance(turn, (str, bytes)) or not isinstance(turn, (list, tuple)) or not all(
+                isinstance(call, str) for call in turn):
+            raise ValueError("ground_truth must be a list of turns, each a list of call strings; a turn is "
+                             f"{type(turn).__name__}")
     return tuple(tuple(turn) for turn in value)
 
 
@@ -132,6 +141,11 @@ class Task(_JsonRecord):
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Task":
+        if not isinstance(data.get("turns"), (list, tuple)) or not all(
+                isinstance(turn, (list, tuple)) and all(isinstance(m, Mapping) for m in turn) for turn in data["turns"]):
+            raise ValueError("turns must be a list of turns, each a list of message objects")
+        if not isinstance(data.get("initial_state"), Mapping) or not isinstance(data.get("meta", {}), Mapping):
+            raise ValueError("initial_state and meta must be objects")
         return cls(
             id=data["id"],
             env=data["env"],

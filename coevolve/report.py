@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import html
 import json
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -25,7 +27,8 @@ WIDTH, HEIGHT, PAD = 560, 240, 40
 
 
 def _scale(values: Sequence[float], top: float | None = None) -> float:
-    return max([top or 0.0, *values, 1e-9])
+    highest = max([top or 0.0, *values])
+    return highest if highest > 0 else 1.0  # all zero: an axis from 0 to 1, not to 1e-09
 
 
 def _frame(title: str, x_labels: Sequence[Any], top: float, body: str, legend: Sequence[tuple[str, str]],
@@ -141,9 +144,36 @@ METRIC_FIELDS: dict[str, tuple[type, ...]] = {
 LIST_FIELDS = ("trajectory_ids", "solution", "reasons")
 
 
+MAX_RUN_FILE_BYTES = 256 << 20
+
+
+def readable(path: Path, warnings: list[str]) -> bool:
+    """Whether `path` is a run file the report may read: a regular file (not a link, a FIFO, a device or a folder)
+    of at most MAX_RUN_FILE_BYTES. Missing: False, silently; anything else refused: False, with a warning."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    except OSError as error:
+        warnings.append(f"{path.name}: cannot be read ({error.strerror}); left out")
+        return False
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
+        kind = "a link" if stat.S_ISLNK(info.st_mode) else "not a regular file"
+        warnings.append(f"{path.name}: {kind}; left out (the report reads the run's own files only)")
+        return False
+    if info.st_size > MAX_RUN_FILE_BYTES:
+        warnings.append(f"{path.name}: {info.st_size} bytes, over {MAX_RUN_FILE_BYTES}; left out")
+        return False
+    return True
+
+
+def _text(path: Path, warnings: list[str]) -> str:
+    return path.read_text(encoding="utf-8", errors="replace") if readable(path, warnings) else ""
+
+
 def _records(path: Path, warnings: list[str]) -> list[tuple[int, dict[str, Any]]]:
     """(line number, object) for each line of a JSON-lines file; every other line is a warning, not a traceback."""
-    if not path.exists():
+    if not readable(path, warnings):
         return []
     bad = lambda number, why: warnings.append(f"{path.name}:{number}: not a JSON object; left out")  # noqa: E731
     rows = []
@@ -239,7 +269,7 @@ def signals_table(metrics: Sequence[Mapping[str, Any]]) -> str:
         patterns = m.get("patterns") if isinstance(m.get("patterns"), dict) else {}
         shown = "; ".join(
             f"{size}-grams: N {row.get('total')}, {row.get('distinct')} distinct, {row.get('rare')} rare at θ "
-            f"{row.get('theta_percent', 0):.3g}%" for size, row in patterns.items() if isinstance(row, dict))
+            f"{_number(row.get('theta_percent'))}%" for size, row in patterns.items() if isinstance(row, dict))
         lines.append("<tr>" + _cell(m["iteration"]) + "".join(
             _cell(m.get("signals", {}).get(kind, 0)) for kind in ("forgetting", "boundary", "rare"))
             + _cell(shown or "-") + "</tr>")
@@ -319,14 +349,14 @@ def render(directory: str | Path, warnings: list[str] | None = None) -> str:
     lineage = checked_lineage(directory / "synthesis.jsonl", warnings)
     heldout = [row for _, row in _records(directory / "heldout.jsonl", warnings)]
     try:
-        summary = json.loads((directory / "summary.json").read_text()) if (directory / "summary.json").exists() else {}
+        summary = json.loads(_text(directory / "summary.json", warnings) or "{}")
     except ValueError:
         summary = {}
         warnings.append("summary.json: not JSON; left out")
     if not isinstance(summary, dict):
         summary = {}
         warnings.append("summary.json: not a JSON object; left out")
-    config = (directory / "config.yaml").read_text() if (directory / "config.yaml").exists() else ""
+    config = _text(directory / "config.yaml", warnings)
     labels = [m["iteration"] for m in metrics]
     by_calls = sorted({calls for m in metrics if isinstance(m.get("heldout_by_calls"), dict)
                        for calls in m["heldout_by_calls"]}, key=lambda calls: (len(calls), calls))
@@ -361,7 +391,7 @@ def render(directory: str | Path, warnings: list[str] | None = None) -> str:
             phase: [m.get("seconds", {}).get(phase, 0.0) for m in metrics] for phase in phases}),
     ]
     shares = ", ".join(f"{m['iteration']}: {m.get('feedback_share', 0):.1%}" for m in metrics if m["iteration"])
-    facts = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(json.dumps(v))}</td></tr>"
+    facts = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_fact(k, v))}</td></tr>"
                     for k, v in summary.items())
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>coevolve run {html.escape(directory.name)}"
             f"</title><style>{_STYLE}</style></head><body>"
@@ -380,11 +410,30 @@ def render(directory: str | Path, warnings: list[str] | None = None) -> str:
             f"<script>{_SCRIPT}</script></body></html>")
 
 
+def _number(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+
+
+def _fact(key: str, value: Any) -> str:
+    """A summary value as a reader wants it: text as itself, shares as percentages, mappings as `key: value`."""
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, float):
+        return f"{value:.1%}" if key.endswith("share") else f"{value:.4g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {_fact(str(k), v)}" for k, v in value.items()) or "-"
+    if isinstance(value, list):
+        return ", ".join(_fact(key, v) for v in value) or "-"
+    return str(value)
+
+
 def write_report(directory: str | Path) -> Path:
     """Write DIR/report.html (atomically) and return its path."""
     directory = Path(directory)
     if not (directory / "metrics.jsonl").exists():
         raise FileNotFoundError(f"{directory} has no metrics.jsonl: not a coevolve run directory")
+    if not readable(directory / "metrics.jsonl", []):
+        raise FileNotFoundError(f"{directory}/metrics.jsonl is not a regular file: not a coevolve run directory")
     target = directory / "report.html"
     warnings: list[str] = []
     atomic_write_text(target, render(directory, warnings))

@@ -5,6 +5,7 @@ D_0, the policy's prompt, the pool, the held-out set, and the closing summary. P
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import time
 from contextlib import contextmanager
@@ -47,14 +48,17 @@ may change: run.max_steps, save and logging settings, held-out evaluation, time 
 def resolve_config(config_path: str | None, overrides: Sequence[str], output_dir: str | None,
                    resume: bool) -> tuple[Config, Path]:
     """The run's config and directory, checked, with nothing written. With `--resume` the directory's own
-    config.yaml is the base and overrides may change only what does not change the meaning of the steps trained
-    (FIXED_ON_RESUME); a new run refuses a directory that holds one, or that cannot be a directory."""
+    config.yaml (or `--config FILE`, when given) is the base, and it and the overrides may change only what does
+    not change the meaning of the steps trained (FIXED_ON_RESUME); a new run refuses a directory that holds one,
+    or that cannot be a directory."""
     if resume:
         directory = Path(output_dir) if output_dir else Path(load_config(config_path, overrides).run.output_dir)
         saved_path = directory / "config.yaml"
         if not saved_path.exists():
             raise ConfigError(f"--resume: {directory} has no config.yaml; start the run without --resume")
-        config = load_config(saved_path, overrides)
+        # `--config FILE --resume`: that file is the base (its differences in what fixes the steps' meaning are
+        # refused below, like an override's); without it, the directory's own config.yaml.
+        config = load_config(config_path if config_path else saved_path, overrides)
         # What the steps were trained with: the config saved beside the last checkpoint (an edited config.yaml
         # does not change it), else the run's config.yaml as it was written.
         trained = sorted(directory.glob(f"checkpoints/checkpoint-*/{CHECKPOINT_CONFIG}"),
@@ -75,14 +79,11 @@ def resolve_config(config_path: str | None, overrides: Sequence[str], output_dir
     return replace(config, run=replace(config.run, output_dir=str(directory))), directory
 
 
-def prepare_run(config_path: str | None, overrides: Sequence[str], output_dir: str | None,
-                resume: bool) -> tuple[Config, Path]:
-    """`resolve_config`, then the run directory made and the resolved config written into it (main process)."""
-    config, directory = resolve_config(config_path, overrides, output_dir, resume)
+def write_run_config(config: Config, directory: Path, is_main: bool) -> None:
+    """The run directory made and the resolved config written into it (main process; under the run's lock)."""
     directory.mkdir(parents=True, exist_ok=True)
-    if process_state(config).is_main_process:
+    if is_main:
         write_config(config, directory / "config.yaml")
-    return config, directory
 
 
 def _lookup(config: Config, key: str) -> Any:
@@ -149,6 +150,12 @@ def load_tasks(config: Config, env: Env) -> list[Task]:
     tasks = tasks[: config.env.limit] if config.env.limit else tasks
     if not tasks:
         raise ConfigError("env: no tasks to train on")
+    check = getattr(env, "check_task", None)
+    if config.env.tasks_file and check is not None:  # a file's records are untrusted: checked before anything runs
+        for task in tasks:
+            problem = f"it is a task of env {task.env!r}" if task.env != env.name else check(task)
+            if problem:
+                raise ConfigError(f"env.tasks_file: task {task.name[:60]!r} cannot run in env {env.name!r}: {problem}")
     return tasks
 
 
@@ -208,6 +215,30 @@ def build_eval(config: Config, env: Env) -> tuple[Env, list[Task]]:
         raise ConfigError(f"loop.eval_env: {error}") from None
     tasks = eval_env.tasks()
     return eval_env, tasks[: section.eval_limit] if section.eval_limit else tasks
+
+
+def _start_key(task: Task) -> tuple[str, str, str]:
+    query = " ".join(" ".join(str(m.get("content", "")).split()) for turn in task.turns[:1] for m in turn).lower()
+    return task.env, json.dumps(task.initial_state, sort_keys=True, default=str), query
+
+
+def heldout_overlap(train: Sequence[Task], heldout: Sequence[Task]) -> list[Task]:
+    """The held-out tasks that are also training tasks: the same id, or the same env, initial state and first
+    query (whitespace and case aside)."""
+    ids, starts = {task.id for task in train}, {_start_key(task) for task in train}
+    return [task for task in heldout if task.id in ids or _start_key(task) in starts]
+
+
+def check_heldout(config: Config, train: Sequence[Task], heldout: Sequence[Task]) -> None:
+    """Refuse, in one line, a held-out set that shares tasks with D_0 (the worked examples included), unless
+    `loop.allow_heldout_overlap`."""
+    shared = heldout_overlap(train, heldout)
+    if shared and not config.loop.allow_heldout_overlap:
+        names = ", ".join(task.name for task in shared[:3])
+        raise ConfigError(f"the held-out set shares {len(shared)} of its {len(heldout)} tasks with D_0 (e.g. {names}): "
+                          "a score there measures memory, not skill; give D_0 and the held-out set disjoint splits "
+                          "(env.split: train, loop.eval_split: test; BFCL's are a seeded half each), or set "
+                          "loop.allow_heldout_overlap: true on purpose")
 
 
 def policy_backend(config: Config, tokenizer: Any) -> Any:

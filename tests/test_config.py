@@ -78,3 +78,56 @@ def test_env_options_reach_the_env(tmp_path):
     assert env.config.data_root() == tmp_path.resolve()
     with pytest.raises(ConfigError, match="step_timeout"):
         build_env(load_config(None, ["env.name=appworld", "env.options.step_timeout_s=0"]))
+
+
+BOMB = """env:
+  options:
+    a: &a [x, x, x, x, x, x, x, x, x]
+    b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]
+    c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]
+    d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]
+    e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d]
+    f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e]
+    g: &g [*f, *f, *f, *f, *f, *f, *f, *f, *f]
+    h: &h [*g, *g, *g, *g, *g, *g, *g, *g, *g]
+"""
+
+
+@pytest.mark.parametrize("text, said", [
+    (BOMB, "expands to more than 100000 values"),
+    ("env:\n  options:\n    deep: " + "[" * 200 + "]" * 200 + "\n", "nested deeper than 64 levels"),
+    ("run: 3\n", "config section 'run' must be a mapping"),
+    ("run:\n  - a\n  - b\n", "config section 'run' must be a mapping"),
+    ("run: [unclosed\n", "is not valid YAML"),
+])
+def test_a_config_that_cannot_be_one_is_refused_in_one_line_at_once(tmp_path, text, said):
+    import time
+
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    started = time.perf_counter()
+    with pytest.raises(ConfigError, match=said) as refused:
+        load_config(path)
+    assert time.perf_counter() - started < 5 and "\n" not in str(refused.value)
+
+
+def test_non_utf8_and_huge_configs_and_bombs_in_overrides_are_refused(tmp_path):
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("run:\n  output_dir: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_config(latin)
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("# " + "x" * (2 << 20) + "\n")
+    with pytest.raises(ConfigError, match="larger than"):
+        load_config(huge)
+    with pytest.raises(ConfigError, match="nested deeper"):
+        load_config(None, ["env.options=" + "[" * 100 + "]" * 100])
+    anchors = "{a: &a [1, 2], b: [*a, *a]}"  # a few aliases are fine
+    assert load_config(None, [f"env.options={anchors}"]).env.options["b"] == [[1, 2], [1, 2]]
+
+
+def test_yaml_nested_past_the_parser_is_one_line(tmp_path):
+    path = tmp_path / "deep.yaml"
+    path.write_text("run:\n  x: " + "[" * 10_000 + "]" * 10_000 + "\n")
+    with pytest.raises(ConfigError, match="nested deeper than 64 levels"):
+        load_config(path)

@@ -178,6 +178,37 @@ def test_sigkill_in_synthesis_then_resume_loses_and_doubles_nothing(tmp_path, ls
     assert got["rollouts"] == want["rollouts"]
 
 
+KILL_AFTER_PREPASS = """
+import os, signal, sys
+import coevolve.loop as loop
+def dying(run):
+    print("killed after the pre-pass", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # the held-out evaluation after mode synthetic's pass never ends
+loop.evaluate_before_training = dying
+loop.run(None, sys.argv[2:], sys.argv[1], say=lambda text: None)
+"""
+
+
+def test_sigkill_after_the_synthetic_pre_pass_then_resume_admits_nothing_twice(tmp_path, ls_policy_dir, tasks_file):
+    options = settings(ls_policy_dir, tasks_file, "synthetic", "run.max_steps=1")
+    reference = tmp_path / "reference"
+    run(None, options, str(reference), say=lambda text: None)
+
+    killed = tmp_path / "killed"
+    died = subprocess.run([sys.executable, "-c", KILL_AFTER_PREPASS, str(killed), *options], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert died.returncode == -9 and "killed after the pre-pass" in died.stdout, died.stderr[-2000:]
+    with TaskPool(killed / "pool.sqlite") as pool:
+        admitted = len(pool.tasks_at(0, source="synthetic"))
+    assert admitted > 0
+    resumed = subprocess.run([sys.executable, "-m", "coevolve.cli", "train", "--output-dir", str(killed),
+                              "--resume"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    got, want = run_record(killed), run_record(reference)
+    assert got["versions"] == want["versions"] and len(got["versions"][0]) == len(want["versions"][0])
+    assert got["lineage"] == want["lineage"] and got["metrics"] == want["metrics"]
+
+
 class DeadEndpoint:
     """A chat backend whose every request failed after its retries (what `OpenAIBackend` returns then)."""
 

@@ -126,3 +126,17 @@ def test_an_exported_pool_is_a_task_file_eval_reads(tmp_path, capsys):
     assert report["n"] == 6 and report["accuracy"] == 1.0 and set(report["per_task"]) == {t.name for t in tasks}
     assert main(["eval", "--env", "bfcl", "--tasks", str(tmp_path / "d0.jsonl"), "--policy", "oracle"]) == 2
     assert "a task of env 'bfcl-lite', not 'bfcl'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("target", ["pool.sqlite", "pool.sqlite-wal", "metrics.jsonl", "."])
+def test_an_export_never_replaces_a_file_of_the_run(run_dir, capsys, target):
+    directory, seeds, _ = run_dir
+    (directory / "metrics.jsonl").write_text('{"iteration": 0}\n')
+    before = {path.name: path.read_bytes() for path in directory.iterdir() if path.is_file()}
+    assert run_pool(parse(str(directory), "--export", str(directory / target))) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("coevolve pool: --export") and len(error.splitlines()) == 1
+    assert {path.name: path.read_bytes() for path in directory.iterdir() if path.is_file()} == before
+    with TaskPool(directory / "pool.sqlite", create=False) as pool:  # the pool still opens, whole
+        assert {task.id for task in pool.tasks_at(0)} == {task.id for task in seeds}
+    assert run_pool(parse(str(directory), "--export", str(directory / "d1.jsonl"))) == 0  # a new file is fine

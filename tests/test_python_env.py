@@ -246,3 +246,26 @@ def test_fuzzed_calls_never_raise_and_only_tools_ever_run():
             assert step.error is not None or (step.call is not None and step.call.name in tools)
 
     run()
+
+
+def test_a_module_in_the_working_directory_never_shadows_an_installed_one(tmp_path, monkeypatch):
+    """The current directory comes last on sys.path: a `json.py` there is not what `import json` finds, while the
+    user's own module (a name nothing installed has) still imports from it."""
+    import importlib
+
+    (tmp_path / "textwrap.py").write_text("raise SystemExit('the working directory shadowed textwrap')\n")
+    (tmp_path / "my_tools_xyz.py").write_text(TRL_STYLE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "textwrap")
+    from coevolve.envs.python_env import load_class
+
+    assert load_class("my_tools_xyz:Counter").__name__ == "Counter"
+    assert sys.path[-1] == str(tmp_path)
+    assert importlib.import_module("textwrap").__file__ != str(tmp_path / "textwrap.py")
+    for spec, said in (("../dir/mod:Class", "dotted names only"), ("mod:", "expected package.module:ClassName")):
+        with pytest.raises(EnvDefinitionError, match=said):
+            load_class(spec)
+    (tmp_path / "broken_tools_xyz.py").write_text("raise RuntimeError('half-written module')\n")
+    with pytest.raises(EnvDefinitionError, match="importing broken_tools_xyz raised RuntimeError"):
+        load_class("broken_tools_xyz:Anything")

@@ -148,3 +148,40 @@ def test_the_report_sets_synthesized_tasks_beside_held_out_ones_and_shows_parent
     assert 'href="#task-p1"' in page  # the lineage row links to it
     assert "1-grams: N 40, 5 distinct, 2 rare at θ 7.5%" in page
     assert "Held-out success by ground-truth calls" in page and "Held-out success by tools seen in D_0" in page
+
+
+def test_the_report_reads_regular_files_only(run_dir, tmp_path):
+    """A run file that is a link (to /etc/passwd), a FIFO, a folder or /dev/zero is left out with a warning: no
+    hang, no traceback, nothing of the target in the page."""
+    import os
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("root:x:0:0:SECRET-LINE\n")
+    (run_dir / "config.yaml").unlink()
+    (run_dir / "config.yaml").symlink_to(secret)
+    (run_dir / "summary.json").unlink()
+    os.mkfifo(run_dir / "summary.json")
+    (run_dir / "heldout.jsonl").mkdir()
+    (run_dir / "rollouts.jsonl").symlink_to("/dev/zero")
+    warnings: list[str] = []
+    page = render(run_dir, warnings)  # a FIFO would block a plain open(); /dev/zero would never end
+    assert "SECRET-LINE" not in page
+    assert "config.yaml: a link; left out" in " ".join(warnings) and "rollouts.jsonl: a link" in " ".join(warnings)
+    assert "summary.json: not a regular file" in " ".join(warnings)
+    assert "heldout.jsonl: not a regular file" in " ".join(warnings)
+
+
+def test_odd_values_in_a_run_file_never_break_the_page_and_facts_read_as_text(run_dir):
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for value, line in zip(("x", None, [1, 2]), lines):
+        line["patterns"] = {"1": {"total": 3, "distinct": 2, "rare": 1, "theta_percent": value}}
+    lines[1]["patterns"]["1"]["theta_percent"] = None
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (run_dir / "summary.json").write_text(json.dumps({"mode": "coevolve", "pool": {"seed": 10, "synthetic": 5},
+                                                      "feedback_share": 0.0009, "held-out success after": 0.55}))
+    page = render(run_dir)
+    assert "rare at θ -%" in page
+    assert "<td>coevolve</td>" in page and "<td>seed: 10, synthetic: 5</td>" in page
+    assert "<td>0.1%</td>" in page and "<td>0.55</td>" in page
+    flat = stacked_bars("t", [0, 1], {"a": [0.0, 0.0]})
+    assert "e-09" not in flat and "e-10" not in flat and ">1<" in flat  # an all-zero plot's axis runs to 1

@@ -58,7 +58,10 @@ HELLO = [{"role": "user", "content": "hi"}]
     ({"messages": [{"content": "no role"}]}, 400, "needs a 'role'"),
     ({"messages": HELLO, "seed": "abc"}, 400, "'seed' must be"),
     ({"messages": HELLO, "max_tokens": 0}, 400, "'max_tokens' must be"),
-    ({"messages": HELLO, "temperature": -1}, 400, "bad request"),
+    ({"messages": HELLO, "temperature": -1}, 400, "'temperature' must be a number in [0, 2]"),
+    ({"messages": HELLO, "temperature": float("nan")}, 400, "'temperature' must be a number"),
+    ({"messages": HELLO, "temperature": float("inf")}, 400, "'temperature' must be a number"),
+    ({"messages": HELLO, "top_p": 1.5}, 400, "'top_p' must be a number in [0, 1]"),
     ({"messages": HELLO, "stream": True}, 400, "stream: true is not supported"),
     ({"messages": HELLO, "model": "gpt-nothing"}, 404, "does not exist here"),
     ({"messages": "hi"}, 400, "non-empty list"),
@@ -111,3 +114,38 @@ def test_a_burst_of_clients_is_answered_in_full_with_bounded_memory(server):
     assert sorted(results) == [200] * 24
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before) / 1024
     assert grown_mib < 300, grown_mib
+
+
+def test_other_methods_and_deep_bodies_get_json_answers(server):
+    status, payload = raw_exchange(server, b"PUT /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    assert status == 405 and "is not served here" in payload["error"]["message"]
+    status, payload = raw_exchange(server, b"BREW /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status == 501 and payload["error"]["type"] == "invalid_request_error"  # JSON, not http.server's HTML
+    deep = b"[" * 100_000 + b"]" * 100_000
+    status, payload = post(server, None, raw=deep)
+    assert status == 400 and "nested too deep" in payload["error"]["message"]
+
+
+def test_idle_connections_are_closed_and_connections_are_bounded(tiny_model, tokenizer, monkeypatch):
+    import coevolve.policy.serve as serve
+
+    monkeypatch.setattr(serve, "IDLE_TIMEOUT_SECONDS", 0.5)
+    monkeypatch.setattr(serve, "MAX_CONNECTIONS", 2)
+    with ChatServer(TransformersBackend(tiny_model, tokenizer), model_name="tiny") as running:
+        host, port = running._httpd.server_address[:2]
+        running._httpd.slots = threading.BoundedSemaphore(2)
+        idle = [socket.create_connection((host, port), timeout=10) for _ in range(2)]
+        for connection in idle:
+            connection.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 50\r\n\r\n{")  # then silence
+        time.sleep(0.2)
+        status, payload = raw_exchange(running, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert status == 503 and "connections at once" in payload["error"]["message"]
+        started = time.perf_counter()
+        for connection in idle:  # the server closes each quiet connection after its idle timeout
+            assert connection.recv(65536) == b""
+        assert time.perf_counter() - started < 5
+        for connection in idle:
+            connection.close()
+        time.sleep(0.2)
+        status, _ = raw_exchange(running, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert status == 200  # the slots came back

@@ -493,9 +493,39 @@ def _action_text(raw: Any) -> str:
 # --------------------------------------------------------------------------------------------------------------
 
 
+BFCL_SPLITS = ("train", "test")
+TEST_SHARE, SPLIT_SEED = 0.5, 42
+"""BFCL has no train/test split of its own; ours is AgentEvolver's: half of a category's entries, drawn with seed 42."""
+
+
+def bfcl_split(tasks: Sequence[Task], split: str, test_share: float = TEST_SHARE, seed: int = SPLIT_SEED
+               ) -> list[Task]:
+    """The `split` part of a category's tasks: the entries, ordered by name, shuffled by `random.Random(seed)`;
+    the first round(test_share x n) form `test`, the rest `train` (each kept in the shipped order)."""
+    import random
+
+    if split not in BFCL_SPLITS:
+        raise ValueError(f"unknown BFCL split {split!r}; choose one of {BFCL_SPLITS} (or none: every entry)")
+    if not 0.0 < test_share < 1.0:
+        raise ValueError(f"test_share must lie in (0, 1), got {test_share!r}")
+    names = sorted(task.name for task in tasks)
+    random.Random(seed).shuffle(names)
+    test = set(names[:round(test_share * len(names))])
+    return [task for task in tasks if (task.name in test) == (split == "test")]
+
+
+def _depth(value: Any, limit: int = 65) -> int:
+    """Nesting depth of a JSON-like value, counted up to `limit` (deeper values stop there)."""
+    if limit <= 0 or not isinstance(value, (dict, list)):
+        return 0
+    items = value.values() if isinstance(value, dict) else value
+    return 1 + max((_depth(item, limit - 1) for item in items), default=0)
+
+
 @ENVS.register("bfcl")
 class BFCLEnv:
-    """BFCL-V3 multi-turn: `BFCLEnv(category="multi_turn_base")`; tasks in the shipped order."""
+    """BFCL-V3 multi-turn: `BFCLEnv(category="multi_turn_base")`; tasks in the shipped order, all of them, or one
+    half of them with `split="train"` / `split="test"` (`bfcl_split`: seeded, disjoint)."""
 
     name = "bfcl"
 
@@ -506,9 +536,15 @@ class BFCLEnv:
         max_replies_per_turn: int = MAX_REPLIES_PER_TURN,
         limits: CallLimits = DEFAULT_LIMITS,
         truth_cache_size: int = 512,
+        split: str | None = None,
+        test_share: float = TEST_SHARE,
+        split_seed: int = SPLIT_SEED,
     ) -> None:
         if scope not in SCOPES:
             raise ValueError(f"unknown dispatch scope {scope!r}; choose one of {SCOPES}")
+        if split is not None:
+            bfcl_split([], split, test_share, split_seed)  # checks the split's name and share now
+        self.split, self.test_share, self.split_seed = split, test_share, split_seed
         self.category = normalise_category(category)
         self.scope = scope
         self.max_replies_per_turn = max_replies_per_turn
@@ -519,8 +555,25 @@ class BFCLEnv:
 
     def tasks(self) -> list[Task]:
         if self._tasks is None:
-            self._tasks = load_tasks(self.category)
+            tasks = load_tasks(self.category)
+            self._tasks = bfcl_split(tasks, self.split, self.test_share, self.split_seed) if self.split else tasks
         return list(self._tasks)
+
+    def check_task(self, task: Task) -> str | None:
+        """Why a task record from a file (`env.tasks_file`, `eval --tasks`) cannot run here, or None: its classes
+        must be BFCL's multi-turn backends and its initial state an object of objects, at most 64 levels deep."""
+        classes = task.meta.get("involved_classes")
+        if not isinstance(classes, list) or not classes or not all(isinstance(name, str) for name in classes):
+            return "meta.involved_classes must list the BFCL classes the task uses"
+        unknown = [name for name in classes if name not in MULTI_TURN_CLASSES]
+        if unknown:
+            return f"meta.involved_classes names {unknown[:3]}, not BFCL multi-turn classes ({', '.join(MULTI_TURN_CLASSES)})"
+        wrong = [name for name, value in task.initial_state.items() if not isinstance(value, dict)]
+        if wrong:
+            return f"initial_state[{wrong[0]!r}] must be an object (the class's scenario)"
+        if _depth(task.initial_state) > 64:
+            return "initial_state is nested deeper than 64 levels"
+        return None
 
     def reset(self, task: Task) -> BFCLEpisode:
         if task.env != self.name:

@@ -6,13 +6,16 @@ an optional `get_reward()` scores an episode that has no ground truth.
     env = PythonEnv("examples.shop.shop:Shop", tasks="examples/shop/tasks.jsonl", split="train")
     coevolve eval --env python:examples.shop.shop:Shop --tasks examples/shop/tasks.jsonl --policy oracle
 
-- Tools: every public method but `reset` and the reward method, with a JSON schema from its type hints and its
+- Tools: every public method but `reset`, the reward method and `state` (never tools: the episode's start, its
+  score, and what a class may define to show its state), with a JSON schema from its type hints and its
   docstring (Google or NumPy style: the first paragraph describes the tool, `Args:`/`Parameters` its arguments). A
   method without hints on every argument, or without a docstring, is refused when the class is loaded, by name.
 - Tasks (one JSON object a line): `query` (the user's one message) or `turns` (a list of turns, each a list of
   user messages); `reset` (keyword arguments for `reset`; may be absent); `ground_truth` (a list per turn of
   Python-call strings, `"lend(title='Dune', member='ana')"`); optional `id` and `split` (`train` / `test`).
-- Episodes: a fresh instance each, never shared. Calls are parsed as BFCL's are (`coevolve.calls`: literals only,
+- Episodes: a fresh instance each, never shared, living in the tools' worker process
+  (`coevolve.envs.python_worker`): every call waits at most `call_timeout_s` (10 s; `env.options.call_timeout_s`),
+  and a tool that exits, hangs or kills its process costs its episode, never the run. Calls are parsed as BFCL's are (`coevolve.calls`: literals only,
   never evaluated), only the tools can be called, arguments are bound to the signature before the method runs,
   and anything a method raises is an observation with its reason. `state()` is a plain-data snapshot of the
   instance's public attributes, so validation's state checks work unchanged.
@@ -31,11 +34,14 @@ import re
 import sys
 import types
 import typing
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 from coevolve.calls import DEFAULT_LIMITS, CallError, CallLimits, fresh_arguments, parse_call
 from coevolve.envs import ENVS
+from coevolve.envs.python_worker import (DEFAULT_CALL_TIMEOUT_S, BrokenInstance, ClassRaised, RemoteInstance,
+                                         ToolWorker, WorkerLost, can_isolate)
 from coevolve.jsonl import jsonl_rows
 from coevolve.records import Check, Message, Score, Step, Task, ToolCall, canonical_json
 from coevolve.validate import EMPTY_RESULTS
@@ -56,16 +62,23 @@ class EnvDefinitionError(ValueError):
 
 
 def load_class(spec: str) -> type:
-    """`package.module:ClassName`, imported from the current directory or the installed packages."""
+    """`package.module:ClassName`, imported from the installed packages or else the current directory. The current
+    directory goes last on `sys.path`: a `torch.py` or `json.py` lying there never replaces the real module."""
     module_name, _, class_name = spec.partition(":")
     if not module_name or not class_name:
         raise EnvDefinitionError(f"{spec!r}: expected package.module:ClassName")
+    if not re.fullmatch(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*", module_name) or not class_name.isidentifier():
+        raise EnvDefinitionError(f"{spec!r}: expected package.module:ClassName, dotted names only (no paths); run "
+                                 "from the folder that holds the package")
     if str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
+        sys.path.append(str(Path.cwd()))
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise EnvDefinitionError(f"{spec!r}: cannot import {module_name} ({error})") from None
+    except Exception as error:  # noqa: BLE001 - the module itself raised while importing: say what, in one line
+        raise EnvDefinitionError(f"{spec!r}: importing {module_name} raised {type(error).__name__}: "
+                                 f"{str(error)[:200]}") from None
     cls = getattr(module, class_name, None)
     if not isinstance(cls, type):
         raise EnvDefinitionError(f"{spec!r}: {module_name} has no class {class_name}")
@@ -121,6 +134,11 @@ def tool_docs(cls: type) -> list[dict[str, Any]]:
     docs = []
     for name, function in _public_methods(cls):
         where = f"{cls.__name__}.{name}"
+        if inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function):
+            raise EnvDefinitionError(f"{where} is `async def`: its calls would return coroutines that never run; "
+                                     "make it a plain `def` (run the awaitable inside it with asyncio.run)")
+        if inspect.isgeneratorfunction(function):
+            raise EnvDefinitionError(f"{where} yields: a tool returns its answer (return a list instead)")
         doc = inspect.getdoc(function)
         if not doc:
             raise EnvDefinitionError(f"{where} has no docstring: write what the tool does (the agent reads it)")
@@ -133,7 +151,8 @@ def tool_docs(cls: type) -> list[dict[str, Any]]:
         properties, required = {}, []
         for parameter in list(signature.parameters.values())[1:]:
             if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
-                raise EnvDefinitionError(f"{where}: *{parameter.name} cannot be a tool argument; name each one")
+                stars = "*" if parameter.kind == parameter.VAR_POSITIONAL else "**"
+                raise EnvDefinitionError(f"{where}: {stars}{parameter.name} cannot be a tool argument; name each one")
             if parameter.name not in hints:
                 raise EnvDefinitionError(f"{where}: argument {parameter.name!r} has no type hint")
             schema = _schema(hints[parameter.name], f"{where}({parameter.name})")
@@ -201,6 +220,9 @@ def load_task_file(path: str | Path, env_name: str, cls: type) -> list[Task]:
     except ValueError as error:
         raise EnvDefinitionError(str(error)) from None
     has_reward = callable(getattr(cls, REWARD_METHOD, None))
+    if not rows:
+        raise EnvDefinitionError(f"tasks file {path}: no task in it (one JSON object a line)")
+    first_line: dict[str, int] = {}
     for number, row in rows:
         where = f"{path}:{number}"
         if not isinstance(row, dict):
@@ -229,8 +251,13 @@ def load_task_file(path: str | Path, env_name: str, cls: type) -> list[Task]:
         split = row.get("split", "train")
         if split not in ("train", "test"):
             raise EnvDefinitionError(f"{where}: split must be train or test, got {split!r}")
-        tasks.append(Task.create(env_name, name, [[{"role": "user", "content": text} for text in turn] for turn in turns],
-                                 reset, truth, {"split": split}))
+        task = Task.create(env_name, name, [[{"role": "user", "content": text} for text in turn] for turn in turns],
+                           reset, truth, {"split": split})
+        if task.id in first_line:  # ids are content hashes: the same turns, reset and ground truth
+            raise EnvDefinitionError(f"{where}: the same task as line {first_line[task.id]}; drop one: it would "
+                                     "count twice")
+        first_line[task.id] = number
+        tasks.append(task)
     return tasks
 
 
@@ -239,13 +266,23 @@ def load_task_file(path: str | Path, env_name: str, cls: type) -> list[Task]:
 # --------------------------------------------------------------------------------------------------------------
 
 
+TOOL_EXITS = (SystemExit, KeyboardInterrupt, GeneratorExit)
+"""What a tool may raise that is not an Exception: in the tools' worker an observation like any error (a tool
+ending the process, or faking Ctrl-C); in the caller's process (`isolate=False`) they propagate."""
+
+
 class _Instance:
     """One instance of the user's class and the safe way to call its tools."""
 
-    def __init__(self, cls: type, reset: Mapping[str, Any], tools: Mapping[str, inspect.Signature]) -> None:
+    def __init__(self, cls: type, reset: Mapping[str, Any], tools: Mapping[str, inspect.Signature],
+                 catch_exits: bool = False) -> None:
         self.tools = tools
+        self.caught = (Exception, *TOOL_EXITS) if catch_exits else (Exception,)
+        self.lost: str | None = None
         self.object = cls()
         self.opening = ""
+        if reset and not hasattr(self.object, "reset"):  # never dropped in silence (`env check` says it too)
+            raise TypeError(f"the task gives reset arguments {sorted(reset)}, but {cls.__name__} has no reset()")
         if hasattr(self.object, "reset"):
             returned = self.object.reset(**copy.deepcopy(dict(reset)))
             self.opening = returned if isinstance(returned, str) else ""
@@ -263,7 +300,7 @@ class _Instance:
             return f"Error: {call.name}: {error}", f"{call.name}: {error}"
         try:
             result = getattr(self.object, call.name)(*bound.args[1:], **bound.kwargs)
-        except Exception as error:  # noqa: BLE001 - a tool that raises gives the agent its reason
+        except self.caught as error:  # noqa: BLE001 - a tool that raises gives the agent its reason
             reason = f"{call.name} raised {type(error).__name__}: {str(error)[:300]}"
             return f"Error: {reason}", reason
         return observation_of(result), None
@@ -271,14 +308,25 @@ class _Instance:
     def state(self) -> dict[str, Any]:
         return public_state(self.object)
 
+    def reward(self) -> Any:
+        """The class's `get_reward()` (raises what it raises; None when there is none)."""
+        method = getattr(self.object, REWARD_METHOD, None)
+        return None if method is None else ("value", method())
+
+
+def _worker_instance(cls: type, reset: Mapping[str, Any], catch_exits: bool = False) -> _Instance:
+    """An instance as the tools' worker makes it (`coevolve.envs.python_worker`)."""
+    return _Instance(cls, reset, {name: inspect.signature(m) for name, m in _public_methods(cls)}, catch_exits)
+
 
 class PythonEpisode:
     def __init__(self, env: "PythonEnv", task: Task) -> None:
         self.env, self.task = env, task
-        self._agent = _Instance(env.cls, task.initial_state, env.signatures)
+        self._agent = env.instance(task.initial_state)
         self._turn, self._results, self._calls_in_turn = 0, [], 0
         self.checks: list[Check] = []
         self._truth: tuple[list[list[str]], list[dict[str, Any]]] | None = None
+        self._shadow_lost = ""
 
     @property
     def turn_index(self) -> int:
@@ -346,6 +394,9 @@ class PythonEpisode:
 
     def score(self) -> Score:
         checks = list(self.checks)
+        lost = self._agent.lost or (self._shadow_lost or None)
+        if lost:  # the tools' worker died or hung: the env's failure, not the agent's (`rollout` counts it)
+            checks.append(Check(self._turn, "process", False, lost))
         if not self.done:
             checks.append(Check(self._turn, "force_terminated", False,
                                 f"episode ended at turn {self._turn} of {self.task.num_turns} (force_terminated)"))
@@ -357,13 +408,17 @@ class PythonEpisode:
         return self._agent.state()
 
     def _reward_score(self, checks: list[Check]) -> Score:
-        reward = getattr(self._agent.object, REWARD_METHOD, None)
-        if reward is None:
-            return Score(0.0, (*checks, Check(self._turn, "reward", False, "no ground truth and no get_reward()")))
         try:
-            value = reward()
+            answer = self._agent.reward()
+        except WorkerLost as error:
+            return Score(0.0, (*checks, Check(self._turn, "process", False, str(error))))
+        except ClassRaised as error:
+            return Score(0.0, (*checks, Check(self._turn, "reward", False, f"get_reward raised {error}")))
         except Exception as error:  # noqa: BLE001 - a reward that raises scores 0, with why
             return Score(0.0, (*checks, Check(self._turn, "reward", False, f"get_reward raised {error!r}")))
+        if answer is None:
+            return Score(0.0, (*checks, Check(self._turn, "reward", False, "no ground truth and no get_reward()")))
+        value = answer[1]
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0.5
         return Score(1.0 if ok and all(c.passed for c in checks) else 0.0,
                      (*checks, Check(self._turn, "reward", ok, f"get_reward() = {value!r}")))
@@ -371,7 +426,7 @@ class PythonEpisode:
     def _truth_trace(self) -> tuple[list[list[str]], list[dict[str, Any]]]:
         """The ground truth played once on a fresh instance: each turn's results and the state after it."""
         if self._truth is None:
-            shadow = _Instance(self.env.cls, self.task.initial_state, self.env.signatures)
+            shadow = self.env.instance(self.task.initial_state)
             results, states = [], []
             for calls in self.task.ground_truth:
                 turn_results = []
@@ -380,6 +435,7 @@ class PythonEpisode:
                     turn_results.append(shadow.run(parsed)[0] if isinstance(parsed, ToolCall) else parsed.reason)
                 results.append(turn_results)
                 states.append(shadow.state())
+            self._shadow_lost = shadow.lost or ""
             self._truth = (results, states)
         return self._truth
 
@@ -398,7 +454,10 @@ class PythonEnv:
     """`PythonEnv(cls="package.module:ClassName", tasks="tasks.jsonl", split=None)`: see the module docstring."""
 
     def __init__(self, cls: str | type, tasks: str | None = None, split: str | None = None,
-                 limits: CallLimits = DEFAULT_LIMITS, scope: str = "exposed") -> None:
+                 limits: CallLimits = DEFAULT_LIMITS, scope: str = "exposed",
+                 call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S, isolate: bool = True) -> None:
+        """`call_timeout_s`: the most one tool call (or the constructor and reset) may take; `isolate`: run the
+        tools in a worker process (`coevolve.envs.python_worker`), so that none can end or hang the run."""
         self.cls = load_class(cls) if isinstance(cls, str) else cls
         self.name = f"python:{cls if isinstance(cls, str) else f'{cls.__module__}:{cls.__qualname__}'}"
         self.docs = tool_docs(self.cls)
@@ -407,6 +466,21 @@ class PythonEnv:
         if split is not None and split not in ("train", "test"):
             raise ValueError(f"split must be train or test, got {split!r}")
         self._tasks = load_task_file(tasks, self.name, self.cls) if tasks else []
+        self.worker: ToolWorker | None = None
+        if isolate and can_isolate(self.cls):
+            self.worker = ToolWorker(self.cls, _worker_instance, call_timeout_s)
+        elif isolate:
+            warnings.warn(f"{self.cls.__qualname__} cannot be sent to a worker process (defined inside a function?): "
+                          "its tools run in this process, without a deadline", RuntimeWarning, stacklevel=2)
+
+    def instance(self, reset: Mapping[str, Any]) -> "_Instance | RemoteInstance | BrokenInstance":
+        """A fresh instance of the class, started with `reset`'s arguments: in the tools' worker when isolated."""
+        if self.worker is not None:
+            return RemoteInstance(self.worker, reset)
+        try:
+            return _Instance(self.cls, reset, self.signatures)
+        except Exception as error:  # noqa: BLE001 - a constructor or reset that raises: the episode says why
+            return BrokenInstance(f"the class raised {type(error).__name__} before any call: {str(error)[:300]}")
 
     def tasks(self) -> list[Task]:
         return [task for task in self._tasks if self.split is None or task.meta.get("split") == self.split]
@@ -449,10 +523,9 @@ def check_env(spec: str, tasks_path: str) -> list[str]:
                 problems.append(f"{where}: reset() cannot take {sorted(task.initial_state)} ({error}); it takes "
                                 f"{taken}")
                 continue
-        try:
-            first, second = _play_truth(env, task), _play_truth(env, task)
-        except Exception as error:  # noqa: BLE001 - the class raised outside a tool call (constructor, reset)
-            problems.append(f"{where}: the class raised {type(error).__name__} before any call: {error}")
+        first, second = _play_truth(env, task), _play_truth(env, task)
+        if first["setup"]:  # the constructor or reset raised, hung or ended the worker
+            problems.append(f"{where}: {first['setup']}")
             continue
         failed = [(call, error) for call, error in first["errors"] if error]
         if failed:
@@ -462,8 +535,13 @@ def check_env(spec: str, tasks_path: str) -> list[str]:
                 result.strip() in EMPTY_RESULTS for result in first["results"]):
             problems.append(f"{where}: its ground truth changes nothing and returns nothing, so nothing can be checked")
         elif first["state"] != second["state"] or first["results"] != second["results"]:
-            problems.append(f"{where}: two runs of its ground truth end differently (randomness or the clock without "
-                            "a seed?); state must be a function of reset's arguments and the calls")
+            shared = [name for name, value in vars(env.cls).items()
+                      if not name.startswith("_") and isinstance(value, (list, dict, set))]
+            cause = (f"class attribute {', '.join(shared)} is shared by every instance, so one episode's changes "
+                     "leak into the next: make it an instance attribute in __init__" if shared else
+                     "randomness or the clock without a seed?")
+            problems.append(f"{where}: two runs of its ground truth end differently ({cause}); state must be a "
+                            "function of reset's arguments and the calls")
         elif first["score"] < 1.0:
             problems.append(f"{where}: its own ground truth scores {first['score']}: {first['reasons'][:1]}")
     return problems
@@ -471,6 +549,8 @@ def check_env(spec: str, tasks_path: str) -> list[str]:
 
 def _play_truth(env: PythonEnv, task: Task) -> dict[str, Any]:
     episode = env.reset(task)
+    if episode._agent.lost:
+        return {"setup": episode._agent.lost}
     initial, errors, results = episode.state(), [], []
     for calls in task.ground_truth:
         for step in episode.act(list(calls)):
@@ -479,4 +559,4 @@ def _play_truth(env: PythonEnv, task: Task) -> dict[str, Any]:
         episode.end_turn()
     score = episode.score()
     return {"initial": initial, "state": episode.state(), "errors": errors, "results": results,
-            "score": score.value, "reasons": list(score.reasons)}
+            "score": score.value, "reasons": list(score.reasons), "setup": None}

@@ -20,12 +20,17 @@ tokenising when it cannot fit at `MAX_CHARS_PER_TOKEN`, else by its token count;
 context leaves; each request has a deadline (`request_timeout_seconds`, 504 past it; a request still queued then is
 dropped, one already generating finishes in its batch). Every malformed request gets a 4xx JSON error: a bad
 `Content-Length`, a message without `role`, a bad `seed`/`max_tokens`/`temperature`, `stream: true` (not
-supported: refused rather than ignored), a model name it does not serve (404, as OpenAI's API answers).
+supported: refused rather than ignored), a model name it does not serve (404, as OpenAI's API answers), a body
+nested deeper than the JSON parser goes, a temperature or top_p that is not a finite number in range; every other
+method and every protocol error gets a JSON answer too (405, 400), never an HTML page. Connections: at most
+`MAX_CONNECTIONS` are served at once (the next is answered 503 and closed), and a connection idle for
+`IDLE_TIMEOUT_SECONDS` (a client that sends half a request and waits) is closed.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import queue
 import threading
 import time
@@ -40,6 +45,8 @@ from coevolve.policy.replies import split_reply
 from coevolve.records import ToolCall
 
 MAX_BODY_BYTES = 2 * 1024 * 1024
+MAX_CONNECTIONS = 256
+IDLE_TIMEOUT_SECONDS = 30.0
 MAX_CHARS_PER_TOKEN = 32
 """No token of a byte-level BPE vocabulary spans more characters than this, so a prompt of more than
 context x 32 characters cannot fit whatever it says: refused without tokenising it."""
@@ -213,6 +220,29 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 128  # socketserver's 5 resets connections of a burst of clients before a thread takes them
     daemon_threads = True
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """A thread per connection, at most MAX_CONNECTIONS at once: past that, 503 and close (no thread)."""
+        if not self.slots.acquire(blocking=False):
+            body = json.dumps(_error(f"over {MAX_CONNECTIONS} connections at once; retry")).encode()
+            try:
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                                b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
 
 def _loads_object(text: Any) -> dict:
     if isinstance(text, dict):
@@ -252,15 +282,32 @@ def _check_body(body: dict, model_name: str) -> tuple[int, dict] | None:
         return 400, _error("'max_tokens' must be an integer >= 1")
     if not isinstance(body.get("tools") or [], list):
         return 400, _error("'tools' must be a list")
+    for name, low, high in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0)):
+        value = body.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or not low <= value <= high):
+            return 400, _error(f"'{name}' must be a number in [{low:g}, {high:g}]")
     return None
 
 
 def _handler_for(server: ChatServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = IDLE_TIMEOUT_SECONDS  # a socket timeout: a connection that goes quiet mid-request is closed
 
         def log_message(self, *args: Any) -> None:  # quiet: the caller reports progress
             pass
+
+        def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+            """http.server's protocol errors (bad request line, unsupported method, ...) as JSON, not HTML."""
+            self.close_connection = True
+            self._send(code, _error(message or explain or "bad request"))
+
+        def _not_allowed(self) -> None:
+            self._send(405, _error(f"{self.command} is not served here; use GET /v1/models or POST "
+                                   "/v1/chat/completions"))
+
+        do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed
 
         def _send(self, status: int, payload: dict) -> None:
             data = json.dumps(payload).encode("utf-8")
@@ -291,6 +338,9 @@ def _handler_for(server: ChatServer) -> type[BaseHTTPRequestHandler]:
                 body = json.loads(self.rfile.read(length) or b"{}")
             except ValueError:
                 self._send(400, _error("body is not JSON"))
+                return
+            except RecursionError:
+                self._send(400, _error("body is nested too deep"))
                 return
             if server.before_request is not None:
                 answered = server.before_request(self.path, body)
