@@ -361,7 +361,7 @@ def run_train(args: argparse.Namespace) -> int:
             config, _ = resolve_config(args.config, args.overrides, args.output_dir, args.resume)
             env = build_env(config)
             seed_tasks, (_, heldout) = load_tasks(config, env), build_eval(config, env)
-            if config.run.mode != "zero-shot":
+            if config.run.mode != "zero-shot" and config.loop.d0 == "entries":
                 check_heldout(config, seed_tasks, heldout)
             print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
             return 0

@@ -247,6 +247,9 @@ class LoopSection:
     budget (they take slots of the sample); the cost is fewer distinct tasks per iteration."""
     synthetic_contexts: int = 16
     """Mode synthetic: exploration contexts (random tasks of D_0) of the one synthesis pass before training."""
+    d0: Literal["entries", "explored"] = "entries"
+    """D_0: the env's tasks (`entries`), or (`explored`: the paper's BFCL protocol) what one synthesis pass over
+    `synthetic_contexts` random entries admits; entries then only start explorations, so all may be evaluated."""
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,9 @@ Glossary (one word per concept, in code, config and metrics alike):
 
 Modes (`run.mode`): zero-shot (iteration 0's evaluation only), static (GRPO on D_0; signals are still counted),
 synthetic (one synthesis pass over random contexts of D_0 before training, then static), random (contexts drawn at
-random, as many as the signals would have given), coevolve. `signals.enabled` switches signals off;
-`synthesis.check_execution: false` switches validation by execution off.
+random, as many as the signals would have given), coevolve. `loop.d0: explored` (the paper's BFCL protocol): D_0 is
+what one synthesis pass admits before training, the env's tasks only start explorations. `signals.enabled`
+switches signals off; `synthesis.check_execution: false` switches validation by execution off.
 
 Where this departs from the paper (the one list; the modules named say more):
 1. Iterations are counted in optimizer steps (`loop.steps_per_iteration`); the paper does not say how long one is.
@@ -221,12 +222,19 @@ def sample_tasks(run: "Run", t: int) -> list[Task]:
                                     round(loop.recur_fraction * run.slots), rng) if loop.recur_fraction else []
     by_id = {task.id: task for task in run.pool.tasks_at(t - 1)} if recurring_ids else {}
     recurring = [by_id[task_id] for task_id in recurring_ids if task_id in by_id]
+    never = dict.fromkeys(recurring_ids, 0.0)  # weight 0: not drawn twice
+    if loop.d0 == "explored":  # the env's own tasks only start explorations: never trained on
+        never.update(dict.fromkeys((task.id for task in run.pool.tasks_at(0, "seed")), 0.0))
     drawn = run.pool.sample(t - 1, run.slots - len(recurring), rng_seed=seed,
-                            config=BatchMix(synthetic_fraction=loop.synthetic_fraction),
-                            weights=dict.fromkeys(recurring_ids, 0.0))  # weight 0: not drawn twice
+                            config=BatchMix(synthetic_fraction=loop.synthetic_fraction), weights=never)
     tasks = recurring + drawn
     if recurring:
         rng.shuffle(tasks)  # recurring tasks spread over the iteration's steps, not all in its first
+    if not tasks and loop.d0 == "explored":
+        from coevolve.train import TrainingError
+
+        raise TrainingError("loop.d0: explored, but exploration admitted no task to train on; raise "
+                            "loop.synthetic_contexts or synthesis.step_budget")
     return tasks or run.pool.tasks_at(t - 1)
 
 
@@ -516,8 +524,8 @@ def run(config_path: str | None, overrides: Sequence[str] = (), output_dir: str 
     env = build_env(config)
     seed_tasks = load_tasks(config, env)
     eval_env, eval_tasks = build_eval(config, env)
-    if config.run.mode != "zero-shot":  # refused before anything is written; zero-shot trains on nothing
-        check_heldout(config, seed_tasks, eval_tasks)
+    if config.run.mode != "zero-shot" and config.loop.d0 == "entries":  # before anything is written; zero-shot
+        check_heldout(config, seed_tasks, eval_tasks)                        # and explored D_0 train on no entry
     # One writer per run directory, from before its first write to the end (`coevolve.run_lock`).
     with RunLock(directory, enabled=process.is_main_process):
         write_run_config(config, directory, process.is_main_process)
@@ -539,8 +547,11 @@ def _run(config: Config, directory: Path, process: Any, started: float, resume: 
         plan = resume_plan(state, resume)
         if config.run.mode != "zero-shot":
             build_trainer(state, tokenizer)
-        if state.is_main and config.run.mode == "synthetic" and not plan.baseline_done:
+        explored = config.loop.d0 == "explored" and config.run.mode != "zero-shot"
+        if state.is_main and (config.run.mode == "synthetic" or explored) and not plan.baseline_done:
             synthesize_before_training(state)
+        if explored:  # D_0 is what exploration admitted: it must hold tasks, none of them held out
+            check_heldout(config, pool.tasks_at(0, source="synthetic"), eval_tasks)
         process.wait_for_everyone()
         if not plan.baseline_done:
             evaluate_before_training(state)  # iteration 0's line; without its evaluation under eval_before_training: false
