@@ -239,8 +239,9 @@ def result_of(run: Planned, out: Path) -> dict:
                         added_shifted += 1
                         added_shifted_one_call += len(task.truth_tools) == 1
     # The policy's own training rollouts on shifted-part tasks (guided ones are the solutions it was shown).
-    trained = [row for row in read_jsonl(folder / "rollouts.jsonl") if row["task_id"] in shifted_ids
-               and not row.get("guided")] if (folder / "rollouts.jsonl").exists() else []
+    on_shifted = [row for row in read_jsonl(folder / "rollouts.jsonl") if row["task_id"] in shifted_ids] \
+        if (folder / "rollouts.jsonl").exists() else []
+    trained = [row for row in on_shifted if not row.get("guided")]
     rows = [row for row in read_jsonl(folder / "heldout.jsonl") if row["iteration"] == last["iteration"]] \
         if (folder / "heldout.jsonl").exists() else []
     by_part: dict[str, list[bool]] = {}
@@ -255,6 +256,7 @@ def result_of(run: Planned, out: Path) -> dict:
             "added_shifted_one_call": added_shifted_one_call,
             "trained_shifted": [sum(row["score"] >= 1.0 for row in trained), len(trained)],
             "guided": sum(m.get("guided", 0) for m in metrics),
+            "guided_shifted": sum(bool(row.get("guided")) for row in on_shifted),
             "feedback_share": summary.get("feedback_share", 0.0),
             "seconds": float(seconds_file.read_text()) if seconds_file.exists() else float("nan"),
             "signals": {kind: sum(m["signals"].get(kind, 0) for m in metrics) for kind in SIGNALS},
@@ -387,7 +389,7 @@ def setting_table(rows: dict[str, list[dict]], heldout: int, setting: Setting) -
     header = ["| arm | runs | " + " | ".join(
         f"{part}: mean +- 95% CI | {part}: delta vs static (paired) +- 95% CI" for part in parts)
         + f" | tasks added ({setting.parts[1]}; of those one call) | own training rollouts on {setting.parts[1]} "
-        "tasks: solved / all | guided rollouts | signals fired F / B / R |",
+        f"tasks: solved / all | guided rollouts (on {setting.parts[1]} tasks) | signals fired F / B / R |",
         "|---|---|" + "---|---|" * len(parts) + "---|---|---|---|"]
     lines = []
     for arm, results in rows.items():
@@ -410,10 +412,11 @@ def setting_table(rows: dict[str, list[dict]], heldout: int, setting: Setting) -
         solved = sum(r.get("trained_shifted", [0, 0])[0] for r in results)
         tried = sum(r.get("trained_shifted", [0, 0])[1] for r in results)
         guided = statistics.mean(r.get("guided", 0) for r in results)
+        guided_shifted = statistics.mean(r.get("guided_shifted", 0) for r in results)
         fired = " / ".join(str(sum(r["signals"][kind] for r in results)) for kind in SIGNALS)
         lines.append(f"| {arm} | {len(results)} | " + " | ".join(cells)
                      + f" | {added:.1f} ({added_shifted:.1f}; {one_call:.1f}) | {solved} / {tried} | {guided:.1f} "
-                     f"| {fired} |")
+                     f"({guided_shifted:.1f}) | {fired} |")
     return "\n".join(header + lines)
 
 

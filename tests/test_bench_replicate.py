@@ -178,7 +178,7 @@ def test_finished_runs_are_read_back_and_paired_against_static(tmp_path, monkeyp
     assert cells[6] == "0.250 +- 0.000" and cells[7] == "+0.250 +- 0.000"  # 2-call: 1 of 4 against 0 of 4
     assert cells[2] == "0.338 +- 0.159" and "| - |" in table["static"]  # no delta of static against itself
     assert cells[8] == "3.0 (2.0; 0.0)"  # tasks added (2-call; of those one call: none can be)
-    assert cells[9] == "0 / 0" and cells[10] == "0.0"  # no rollout log here; no guided rollout
+    assert cells[9] == "0 / 0" and cells[10] == "0.0 (0.0)"  # no rollout log here; no guided rollout
     assert cells[11].startswith("4 / 2 / 6")  # signals summed over the two runs
     assert "1-call: mean" in out and "2-call: delta vs static" in out
     assert not any(tmp_path.glob("*/*/checkpoints"))  # optimizer states go once a run is finished (disk space)
