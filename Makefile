@@ -92,8 +92,8 @@ gpu-check-wheels: venv
 		trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 bfcl-eval==2026.3.23
 	$(BIN)/python -c "from coevolve.policy.models import load_tokenizer; load_tokenizer('smollm2').save_pretrained('$(GPU_CHECK)/tokenizer')"
 
-# The replication on the coverage-shift and i.i.d. settings (bench/replicate.py; resumable, two runs at a time:
-# ~80 minutes per setting on 2 cores; `--max-minutes M` stops starting runs, rerun to continue).
+# The replication (bench/replicate.py: the tool shift, then the two-call shift; resumable, two runs at a time,
+# ~14 minutes a run on one core each; `--max-minutes M` stops starting runs, rerun to continue).
 replicate: venv
 	$(BIN)/python bench/replicate.py --jobs 2
 
