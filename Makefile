@@ -63,6 +63,7 @@ bench: venv
 	$(BIN)/python bench/synthesis.py --tasks 24
 	$(BIN)/python bench/loop_calls.py
 	$(BIN)/python bench/python_env.py
+	$(BIN)/python bench/mcp_env.py
 	$(BIN)/python bench/serve.py
 	$(BIN)/python bench/quickstart.py --seeds 0 1 2 --fresh-clone
 	$(BIN)/python bench/shared_prefix.py

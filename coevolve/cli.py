@@ -36,6 +36,10 @@ EXIT_FAILED = 1
 """A command that ran but could not produce what was asked (every evaluation request failed)."""
 
 
+OWN_ENVS = {"python": "cls", "mcp": "server"}
+"""`--env KIND:package.module:NAME`: your own tools as a class, or an MCP server (or a factory of one)."""
+
+
 class UsageError(Exception):
     """A user error with a one-line message."""
 
@@ -83,6 +87,9 @@ def _eval_parser(subparsers) -> None:
     parser.add_argument("--scope", default="official", choices=("official", "exposed"),
                         help="dispatch scope: official = every public method of the involved classes, as the "
                              "official BFCL executor (default); exposed = only the tools shown in the turn")
+    parser.add_argument("--state-call", action="append", default=[], metavar="CALL",
+                        help="--env mcp:...: a read-only probe call whose result is the server's state, compared "
+                             "with the ground truth's after each turn (env.options.state_calls; repeat it)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.set_defaults(handler=run_eval)
 
@@ -92,20 +99,23 @@ def run_eval(args: argparse.Namespace) -> int:
 
     if args.limit is not None and args.limit < 1:
         raise UsageError("--limit must be at least 1")
-    if args.env.startswith("python:"):  # your own tools: a class and a task file
+    kind, _, spec = args.env.partition(":")
+    if spec and kind in OWN_ENVS:  # your own tools: a class, or an MCP server, and a task file
         from coevolve.envs.python_env import EnvDefinitionError
 
         if args.category is not None:
             raise UsageError("--category is for env bfcl; your own tools have one task file (choose with --split)")
         if not args.tasks:
-            raise UsageError("--env python:... needs --tasks FILE (JSON lines: query or turns, reset, ground_truth)")
+            raise UsageError(f"--env {kind}:... needs --tasks FILE (JSON lines: query or turns, reset, ground_truth)")
         try:
-            env = make_env("python", cls=args.env.removeprefix("python:"), tasks=args.tasks, split=args.split)
+            env = make_env(kind, **{OWN_ENVS[kind]: spec}, tasks=args.tasks, split=args.split,
+                           **({"state_calls": args.state_call} if kind == "mcp" else {}))
         except (EnvDefinitionError, ValueError) as error:
             raise UsageError(str(error)) from None
         return _eval_env(args, env, {"split": args.split} if args.split else {})
     if args.env not in ENVS:
-        raise UsageError(f"unknown env {args.env!r}; known: {', '.join(ENVS.names())}, python:package.module:Class")
+        raise UsageError(f"unknown env {args.env!r}; known: {', '.join(ENVS.names())}, python:package.module:Class, "
+                         "mcp:package.module:SERVER")
     options = {name: value for name, value in (("category", args.category), ("split", args.split)) if value is not None}
     accepted = inspect.signature(ENVS.get(args.env)).parameters
     unknown = [f"--{name}" for name in options if name not in accepted]
@@ -416,18 +426,28 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def _env_parser(subparsers) -> None:
-    parser = subparsers.add_parser("env", help="check your own tools: a class and a task file")
+    parser = subparsers.add_parser("env", help="check your own tools: a class or an MCP server, and a task file")
     commands = parser.add_subparsers(dest="env_command", required=True)
-    check = commands.add_parser("check", help="say in plain words what is wrong with a class and its task file")
-    check.add_argument("cls", metavar="package.module:ClassName")
+    check = commands.add_parser("check", help="say in plain words what is wrong with your tools and their task file")
+    check.add_argument("cls", metavar="package.module:ClassName | mcp:package.module:SERVER")
     check.add_argument("--tasks", required=True, help="the JSON-lines task file")
+    check.add_argument("--state-call", action="append", default=[], metavar="CALL",
+                       help="mcp: a read-only probe call (env.options.state_calls; repeat it)")
     check.set_defaults(handler=run_env_check)
 
 
 def run_env_check(args: argparse.Namespace) -> int:
     from coevolve.envs.python_env import check_env
 
-    problems = check_env(args.cls, args.tasks)
+    if args.cls.startswith("mcp:"):
+        from coevolve.envs.mcp_env import check_mcp_env
+
+        problems = check_mcp_env(args.tasks, args.state_call, server=args.cls.removeprefix("mcp:"))
+    else:
+        if args.state_call:
+            raise UsageError("--state-call is for MCP servers (mcp:package.module:SERVER): a class's state is read "
+                             "whole")
+        problems = check_env(args.cls.removeprefix("python:"), args.tasks)
     for problem in problems:
         print(problem)
     if not problems:

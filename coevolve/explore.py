@@ -289,6 +289,66 @@ def observation_values(observation: str) -> list[str]:
     return _usable(found)
 
 
+FILLABLE_TYPES = ("string", "integer", "number", "float", "boolean", "array", "object")
+
+
+def schema_choice(schema: Mapping[str, Any], defs: Mapping[str, Any], rng: random.Random | None = None
+                  ) -> Mapping[str, Any] | None:
+    """The schema a value is drawn from: a local `$ref` (`#/$defs/Card`) resolved, one option of an
+    `anyOf`/`oneOf` or of a list of types other than null (drawn, or the first without `rng`); None when nothing
+    can be drawn (null only, an unknown reference)."""
+    for _ in range(8):
+        reference = schema.get("$ref")
+        if not isinstance(reference, str):
+            break
+        schema = defs.get(reference.rsplit("/", 1)[-1]) if reference.startswith("#/") else None
+        if not isinstance(schema, Mapping):
+            return None
+    options = schema.get("anyOf") or schema.get("oneOf")
+    if isinstance(options, list):
+        usable = [option for option in options if isinstance(option, Mapping) and option.get("type") != "null"]
+        if not usable:
+            return None
+        merged = {key: value for key, value in schema.items() if key not in ("anyOf", "oneOf")}
+        return schema_choice({**merged, **(rng.choice(usable) if rng else usable[0])}, defs, rng)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kinds = [item for item in kind if item != "null"]
+        return {**schema, "type": kinds[0]} if kinds else None
+    return schema
+
+
+def unfillable_arguments(docs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """`tool(argument)` for each required argument the offline explorer cannot draw a value for (a type it does
+    not know, `allOf`/`not`, a reference it cannot resolve), so a run can refuse before anything slow."""
+    found = []
+    for doc in docs:
+        parameters = doc.get("parameters") or {}
+        defs = {**(parameters.get("definitions") or {}), **(parameters.get("$defs") or {})}
+        for name in parameters.get("required") or ():
+            schema = (parameters.get("properties") or {}).get(name)
+            if not isinstance(schema, Mapping) or not _fillable(schema, defs, 0):
+                found.append(f"{doc.get('name')}({name})")
+    return found
+
+
+def _fillable(schema: Mapping[str, Any], defs: Mapping[str, Any], depth: int) -> bool:
+    chosen = schema_choice(schema, defs)
+    if chosen is None or depth > 8 or "allOf" in chosen or "not" in chosen:
+        return False
+    if "const" in chosen or chosen.get("enum"):
+        return True
+    kind = chosen.get("type", "string")
+    if kind == "array":
+        items = chosen.get("items") or {}
+        return not chosen.get("minItems") or (isinstance(items, Mapping) and _fillable(items, defs, depth + 1))
+    if kind == "object":
+        properties = chosen.get("properties") or {}
+        return all(isinstance(properties.get(name), Mapping) and _fillable(properties[name], defs, depth + 1)
+                   for name in chosen.get("required") or ())
+    return kind in FILLABLE_TYPES
+
+
 def _fresh(rng: random.Random, base: str) -> str:
     stem, dot, extension = base.partition(".")
     return f"{stem}_{rng.randint(2, 9)}{dot}{extension}"
@@ -349,31 +409,49 @@ class OfflineExplorer:
     def _arguments(self, doc: Mapping[str, Any], context: ExplorationContext, recent: list[str],
                    from_state: list[str], rng: random.Random) -> dict[str, Any]:
         parameters = doc.get("parameters") or {}
-        properties = parameters.get("properties") or {}
-        required = set(parameters.get("required") or ())
+        defs = {**(parameters.get("definitions") or {}), **(parameters.get("$defs") or {})}
+        return self._object(parameters, defs, context, recent, from_state, rng)
+
+    def _object(self, schema: Mapping[str, Any], defs: Mapping[str, Any], context: ExplorationContext,
+                recent: list[str], from_state: list[str], rng: random.Random) -> dict[str, Any]:
+        properties = schema.get("properties") or {}
+        required = set(schema.get("required") or ())
         arguments: dict[str, Any] = {}
-        for name, schema in properties.items():
+        for name, value_schema in properties.items():
             if name not in required and rng.random() >= self.config.optional_argument_rate:
                 continue
-            value = self._value(name, schema if isinstance(schema, Mapping) else {}, context, recent, from_state, rng)
+            value = self._value(name, value_schema if isinstance(value_schema, Mapping) else {}, context, recent,
+                                from_state, rng, defs)
             if value is not None:
                 arguments[name] = value
         return arguments
 
     def _value(self, parameter: str, schema: Mapping[str, Any], context: ExplorationContext, recent: list[str],
-               from_state: list[str], rng: random.Random) -> Any:
+               from_state: list[str], rng: random.Random, defs: Mapping[str, Any] | None = None,
+               depth: int = 0) -> Any:
+        defs = defs or {}
+        schema = schema_choice(schema, defs, rng)
+        if schema is None or depth > 8:
+            return None
+        if "const" in schema:
+            return schema["const"]
         if schema.get("enum"):
             return rng.choice(list(schema["enum"]))
         kind = schema.get("type", "string")
         if kind == "boolean":
             return rng.random() < 0.5
         if kind == "integer":
-            return rng.randint(1, 5)
+            low, high = schema.get("minimum", 1), schema.get("maximum", 5)
+            low = low if isinstance(low, int) else 1
+            high = high if isinstance(high, int) and high >= low else low + 4
+            return rng.randint(low, min(high, low + 4))
         if kind in ("number", "float"):
             return rng.choice((0.5, 1.0, 2.0, 2.5))
         if kind == "array":
-            item = self._value(parameter, schema.get("items") or {}, context, recent, from_state, rng)
+            item = self._value(parameter, schema.get("items") or {}, context, recent, from_state, rng, defs, depth + 1)
             return [item] if item is not None else []
+        if kind == "object":  # JSON Schema's objects (BFCL's "dict" arguments stay undrawn, as before)
+            return self._object(schema, defs, context, recent, from_state, rng)
         if kind != "string":
             return None
         # Weighted pools: what the env just showed, then what the evidence was about, then the initial state.

@@ -130,9 +130,17 @@ def build_env(config: Config) -> Env:
     if config.env.category is not None:
         options["category"] = config.env.category
     try:
-        return make_env(config.env.name, **options)
+        env = make_env(config.env.name, **options)
     except (KeyError, ValueError, TypeError) as error:
         raise ConfigError(f"env: {error}") from None
+    problems = getattr(env, "exploration_problems", None)
+    if config.run.mode in ("coevolve", "random", "synthetic") and config.synthesis.explorer == "offline" and problems:
+        unfillable = problems()  # an MCP server's schemas are anyone's: refused now, not in the first synthesis
+        if unfillable:
+            raise ConfigError(f"synthesis.explorer offline cannot draw a value for {', '.join(unfillable[:4])} "
+                              "(required, of a schema it does not know); use synthesis.explorer: llm or policy, or "
+                              "give the argument a plain type")
+    return env
 
 
 def load_tasks(config: Config, env: Env) -> list[Task]:
@@ -302,7 +310,7 @@ def summary_table(summary: Mapping[str, Any]) -> str:
 # The console: a progress bar and one line per iteration; the libraries' chatter goes to run.log
 # --------------------------------------------------------------------------------------------------------------
 
-LIBRARY_LOGGERS = ("transformers", "trl", "accelerate", "datasets", "peft")
+LIBRARY_LOGGERS = ("transformers", "trl", "accelerate", "datasets", "peft", "mcp")
 
 
 @contextmanager

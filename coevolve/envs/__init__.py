@@ -8,7 +8,8 @@ from coevolve.envs.base import Env, Episode
 from coevolve.registry import Registry
 
 ENVS: Registry[Any] = Registry("env", builtins={"bfcl": "coevolve.envs.bfcl", "bfcl-lite": "coevolve.envs.bfcl_lite",
-                                           "appworld": "coevolve.envs.appworld", "python": "coevolve.envs.python_env"})
+                                           "appworld": "coevolve.envs.appworld", "python": "coevolve.envs.python_env",
+                                           "mcp": "coevolve.envs.mcp_env"})
 
 
 def make_env(name: str, **options: Any) -> Env:

@@ -29,10 +29,12 @@ the official scorer treats it as an ordinary result). `step_failure` recognises 
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
-from coevolve.records import ExplorationContext, ExplorationEpisode, Message, Score, Step, Task, ToolCall
+from coevolve.records import (Check, ExplorationContext, ExplorationEpisode, Message, Score, Step, Task, ToolCall,
+                              canonical_json)
 
 CallInput = str | Mapping[str, Any] | ToolCall
 """A call as an agent gives it: a Python-call string, a JSON object `{"name", "arguments"}`, or a ToolCall."""
@@ -110,3 +112,89 @@ def step_failure(step: Step) -> str | None:
         if isinstance(value, dict) and "error" in value:
             return str(value["error"])
     return None
+
+
+def turn_checks(turn: int, truth_calls: Sequence[str], calls_made: int, state: Mapping[str, Any],
+                truth_state: Mapping[str, Any], results: Sequence[str], truth_results: Sequence[str]) -> list[Check]:
+    """BFCL's rule for one turn whose ground truth makes calls: the agent called something, the state after the
+    turn equals the state the ground truth leaves in a fresh instance (key by key), and each of the ground truth's
+    results is among the agent's results so far (with multiplicity). Envs `python` and `mcp` score with it."""
+    if calls_made == 0:
+        return [Check(turn, "empty_turn", False, f"turn {turn}: no call, but the ground truth makes {len(truth_calls)}")]
+    differing = sorted(key for key in set(state) | set(truth_state) if state.get(key) != truth_state.get(key))
+    checks = [Check(turn, "state", not differing, f"turn {turn}: state differs in {', '.join(differing)}"
+                    if differing else "")]
+    remaining, missing = list(results), []
+    for item in truth_results:
+        if item in remaining:
+            remaining.remove(item)
+        else:
+            missing.append(item)
+    checks.append(Check(turn, "response", not missing, f"turn {turn}: {len(missing)} ground-truth result(s) missing, "
+                        f"e.g. {missing[0][:200]!r}" if missing else ""))
+    return checks
+
+
+class ToolEpisode:
+    """The turn loop that envs `python` and `mcp` share: `act` checks each call (`_checked`), runs it (`_run`) and
+    keeps its result; `end_turn` scores a turn whose ground truth makes calls with `turn_checks`, against what
+    `_truth_turn` says the ground truth leaves (None when the env failed to play it: the subclass says why)."""
+
+    env: Any
+    task: Task
+
+    def _start(self) -> None:
+        self._turn, self._calls_in_turn = 0, 0
+        self._results: list[str] = []
+        self.checks: list[Check] = []
+
+    @property
+    def turn_index(self) -> int:
+        return self._turn
+
+    @property
+    def done(self) -> bool:
+        return self._turn >= self.task.num_turns
+
+    def tools(self) -> list[dict[str, Any]]:
+        return copy.deepcopy(self.env.docs)
+
+    def _checked(self, raw: Any) -> ToolCall | str: ...
+
+    def _run(self, call: ToolCall) -> tuple[str, str | None]: ...
+
+    def _truth_turn(self, turn: int) -> tuple[list[str], Mapping[str, Any]] | None: ...
+
+    def state(self) -> Any: ...
+
+    def act(self, calls: Sequence[Any]) -> tuple[Step, ...]:
+        if isinstance(calls, (str, bytes)) or not isinstance(calls, Sequence):
+            calls = [calls]
+        steps = []
+        for raw in calls:
+            action = raw if isinstance(raw, str) else canonical_json(raw.to_dict() if isinstance(raw, ToolCall) else raw)
+            action = action[:4096]
+            if self.done:
+                steps.append(Step(self._turn, 0, action, None, "Error: the episode is over", "the episode is over"))
+                continue
+            checked = self._checked(raw)
+            if isinstance(checked, str):
+                steps.append(Step(self._turn, 0, action, None, f"Error: {checked}", checked))
+                continue
+            observation, error = self._run(checked)
+            self._results.append(observation)
+            self._calls_in_turn += 1
+            steps.append(Step(self._turn, 0, action, checked, observation, error))
+        return tuple(steps)
+
+    def end_turn(self) -> None:
+        if self.done:
+            return
+        truth_calls = self.task.ground_truth[self._turn]
+        truth = self._truth_turn(self._turn) if truth_calls else None
+        if truth is not None:
+            results, state = truth
+            self.checks += turn_checks(self._turn, truth_calls, self._calls_in_turn, self.state(), state,
+                                       self._results, results)
+        self._turn += 1
+        self._calls_in_turn = 0

@@ -40,10 +40,11 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 from coevolve.calls import DEFAULT_LIMITS, CallError, CallLimits, fresh_arguments, parse_call
 from coevolve.envs import ENVS
+from coevolve.envs.base import ToolEpisode
 from coevolve.envs.python_worker import (DEFAULT_CALL_TIMEOUT_S, BrokenInstance, ClassRaised, RemoteInstance,
                                          ToolWorker, WorkerLost, can_isolate)
 from coevolve.jsonl import jsonl_rows
-from coevolve.records import Check, Message, Score, Step, Task, ToolCall, canonical_json
+from coevolve.records import Check, Message, Score, Task, ToolCall, canonical_json
 from coevolve.validate import EMPTY_RESULTS
 
 NOT_TOOLS = ("reset", "get_reward", "state")
@@ -61,14 +62,15 @@ class EnvDefinitionError(ValueError):
 # --------------------------------------------------------------------------------------------------------------
 
 
-def load_class(spec: str) -> type:
-    """`package.module:ClassName`, imported from the installed packages or else the current directory. The current
-    directory goes last on `sys.path`: a `torch.py` or `json.py` lying there never replaces the real module."""
-    module_name, _, class_name = spec.partition(":")
-    if not module_name or not class_name:
-        raise EnvDefinitionError(f"{spec!r}: expected package.module:ClassName")
-    if not re.fullmatch(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*", module_name) or not class_name.isidentifier():
-        raise EnvDefinitionError(f"{spec!r}: expected package.module:ClassName, dotted names only (no paths); run "
+def import_attribute(spec: str, what: str = "ClassName") -> Any:
+    """`package.module:NAME`, imported from the installed packages or else the current directory. The current
+    directory goes last on `sys.path`: a `torch.py` or `json.py` lying there never replaces the real module.
+    None when the module has no such name."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise EnvDefinitionError(f"{spec!r}: expected package.module:{what}")
+    if not re.fullmatch(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*", module_name) or not attribute.isidentifier():
+        raise EnvDefinitionError(f"{spec!r}: expected package.module:{what}, dotted names only (no paths); run "
                                  "from the folder that holds the package")
     if str(Path.cwd()) not in sys.path:
         sys.path.append(str(Path.cwd()))
@@ -79,8 +81,14 @@ def load_class(spec: str) -> type:
     except Exception as error:  # noqa: BLE001 - the module itself raised while importing: say what, in one line
         raise EnvDefinitionError(f"{spec!r}: importing {module_name} raised {type(error).__name__}: "
                                  f"{str(error)[:200]}") from None
-    cls = getattr(module, class_name, None)
+    return getattr(module, attribute, None)
+
+
+def load_class(spec: str) -> type:
+    """`package.module:ClassName` (see `import_attribute`)."""
+    cls = import_attribute(spec)
     if not isinstance(cls, type):
+        module_name, _, class_name = spec.partition(":")
         raise EnvDefinitionError(f"{spec!r}: {module_name} has no class {class_name}")
     return cls
 
@@ -111,7 +119,7 @@ def _schema(hint: Any, where: str) -> dict[str, Any]:
                              "Literal or Optional of them")
 
 
-def _doc_parts(doc: str) -> tuple[str, dict[str, str]]:
+def doc_parts(doc: str) -> tuple[str, dict[str, str]]:
     """(description, argument -> description) from a Google- or NumPy-style docstring."""
     doc = inspect.cleandoc(doc)
     paragraphs = re.split(r"\n\s*\n", doc)
@@ -147,7 +155,7 @@ def tool_docs(cls: type) -> list[dict[str, Any]]:
             hints = typing.get_type_hints(function)
         except Exception as error:  # noqa: BLE001 - an unresolvable annotation, named
             raise EnvDefinitionError(f"{where}: its type hints cannot be read ({error})") from None
-        description, described = _doc_parts(doc)
+        description, described = doc_parts(doc)
         properties, required = {}, []
         for parameter in list(signature.parameters.values())[1:]:
             if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
@@ -210,8 +218,10 @@ def observation_of(result: Any) -> str:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def load_task_file(path: str | Path, env_name: str, cls: type) -> list[Task]:
-    """The task file's tasks, each checked for shape; a bad line is refused naming path:line and the fix."""
+def load_task_file(path: str | Path, env_name: str, no_reward: str | None, checks: bool = False) -> list[Task]:
+    """The task file's tasks, each checked for shape; a bad line is refused naming path:line and the fix.
+    `no_reward`: why an episode without ground truth cannot be scored (None: it can); `checks`: tasks may list
+    their own probe calls (`checks`, env `mcp`), kept in `meta["checks"]`."""
     tasks, seen = [], set()
     try:
         rows = list(jsonl_rows(Path(path)))
@@ -219,7 +229,6 @@ def load_task_file(path: str | Path, env_name: str, cls: type) -> list[Task]:
         raise EnvDefinitionError(f"tasks file {path}: {error.strerror or error}") from None
     except ValueError as error:
         raise EnvDefinitionError(str(error)) from None
-    has_reward = callable(getattr(cls, REWARD_METHOD, None))
     if not rows:
         raise EnvDefinitionError(f"tasks file {path}: no task in it (one JSON object a line)")
     first_line: dict[str, int] = {}
@@ -237,9 +246,9 @@ def load_task_file(path: str | Path, env_name: str, cls: type) -> list[Task]:
         if not isinstance(reset, dict):
             raise EnvDefinitionError(f"{where}: `reset` must be an object of keyword arguments")
         truth = row.get("ground_truth")
-        if truth is None and not has_reward:
-            raise EnvDefinitionError(f"{where}: no `ground_truth`, and {cls.__name__} has no {REWARD_METHOD}() to "
-                                     "score the episode: give one or the other")
+        if truth is None and no_reward:
+            raise EnvDefinitionError(f"{where}: no `ground_truth`, and {no_reward} to score the episode: give one or "
+                                     "the other")
         truth = truth if truth is not None else [[] for _ in turns]
         if not isinstance(truth, list) or len(truth) != len(turns) or not all(
                 isinstance(turn, list) and all(isinstance(call, str) for call in turn) for turn in truth):
@@ -251,8 +260,17 @@ def load_task_file(path: str | Path, env_name: str, cls: type) -> list[Task]:
         split = row.get("split", "train")
         if split not in ("train", "test"):
             raise EnvDefinitionError(f"{where}: split must be train or test, got {split!r}")
+        meta: dict[str, Any] = {"split": split}
+        if "checks" in row:
+            probes = row["checks"]
+            if not checks:
+                raise EnvDefinitionError(f"{where}: `checks` is for env mcp (probe calls); here the state is compared "
+                                         "whole: drop it")
+            if not isinstance(probes, list) or not all(isinstance(call, str) for call in probes):
+                raise EnvDefinitionError(f"{where}: `checks` must be a list of call strings, e.g. [\"get_balance()\"]")
+            meta["checks"] = probes
         task = Task.create(env_name, name, [[{"role": "user", "content": text} for text in turn] for turn in turns],
-                           reset, truth, {"split": split})
+                           reset, truth, meta)
         if task.id in first_line:  # ids are content hashes: the same turns, reset and ground truth
             raise EnvDefinitionError(f"{where}: the same task as line {first_line[task.id]}; drop one: it would "
                                      "count twice")
@@ -319,22 +337,18 @@ def _worker_instance(cls: type, reset: Mapping[str, Any], catch_exits: bool = Fa
     return _Instance(cls, reset, {name: inspect.signature(m) for name, m in _public_methods(cls)}, catch_exits)
 
 
-class PythonEpisode:
+class PythonEpisode(ToolEpisode):
     def __init__(self, env: "PythonEnv", task: Task) -> None:
         self.env, self.task = env, task
         self._agent = env.instance(task.initial_state)
-        self._turn, self._results, self._calls_in_turn = 0, [], 0
-        self.checks: list[Check] = []
+        self._start()
         self._truth: tuple[list[list[str]], list[dict[str, Any]]] | None = None
         self._shadow_lost = ""
 
     @property
-    def turn_index(self) -> int:
-        return self._turn
-
-    @property
-    def done(self) -> bool:
-        return self._turn >= self.task.num_turns
+    def lost(self) -> str | None:
+        """Why the instance is gone (its constructor raised, the worker died or hung), or None."""
+        return self._agent.lost
 
     def user_messages(self) -> list[Message]:
         if self.done:
@@ -344,53 +358,16 @@ class PythonEpisode:
             messages[0]["content"] = messages[0]["content"] + "\n\n" + self._agent.opening
         return messages
 
-    def tools(self) -> list[dict[str, Any]]:
-        return copy.deepcopy(self.env.docs)
+    def _checked(self, raw: Any) -> ToolCall | str:
+        parsed = parse_call(raw, self.env.limits)
+        return parsed.reason if isinstance(parsed, CallError) else parsed
 
-    def act(self, calls: Sequence[Any]) -> tuple[Step, ...]:
-        if isinstance(calls, (str, bytes)) or not isinstance(calls, Sequence):
-            calls = [calls]
-        steps = []
-        for raw in calls:
-            action = raw if isinstance(raw, str) else canonical_json(raw.to_dict() if isinstance(raw, ToolCall) else raw)
-            if self.done:
-                steps.append(Step(self._turn, 0, action[:4096], None, "Error: the episode is over",
-                                  "the episode is over"))
-                continue
-            parsed = parse_call(raw, self.env.limits)
-            if isinstance(parsed, CallError):
-                steps.append(Step(self._turn, 0, action[:4096], None, f"Error: {parsed.reason}", parsed.reason))
-                continue
-            observation, error = self._agent.run(parsed)
-            self._results.append(observation)
-            self._calls_in_turn += 1
-            steps.append(Step(self._turn, 0, action[:4096], parsed, observation, error))
-        return tuple(steps)
+    def _run(self, call: ToolCall) -> tuple[str, str | None]:
+        return self._agent.run(call)
 
-    def end_turn(self) -> None:
-        if self.done:
-            return
-        truth_calls = self.task.ground_truth[self._turn]
-        if truth_calls:
-            results, states = self._truth_trace()
-            turn = self._turn
-            if self._calls_in_turn == 0:
-                self.checks.append(Check(turn, "empty_turn", False,
-                                         f"turn {turn}: no call, but the ground truth makes {len(truth_calls)}"))
-            else:
-                differing = _differences(self._agent.state(), states[turn])
-                self.checks.append(Check(turn, "state", not differing, f"turn {turn}: state differs in "
-                                         f"{', '.join(differing)}" if differing else ""))
-                remaining, missing = list(self._results), []
-                for item in results[turn]:
-                    if item in remaining:
-                        remaining.remove(item)
-                    else:
-                        missing.append(item)
-                self.checks.append(Check(turn, "response", not missing, f"turn {turn}: {len(missing)} ground-truth "
-                                         f"result(s) missing, e.g. {missing[0][:200]!r}" if missing else ""))
-        self._turn += 1
-        self._calls_in_turn = 0
+    def _truth_turn(self, turn: int) -> tuple[list[str], dict[str, Any]]:
+        results, states = self._truth_trace()
+        return results[turn], states[turn]
 
     def score(self) -> Score:
         checks = list(self.checks)
@@ -440,10 +417,6 @@ class PythonEpisode:
         return self._truth
 
 
-def _differences(agent: Mapping[str, Any], truth: Mapping[str, Any]) -> list[str]:
-    return sorted(key for key in set(agent) | set(truth) if agent.get(key) != truth.get(key))
-
-
 # --------------------------------------------------------------------------------------------------------------
 # The env
 # --------------------------------------------------------------------------------------------------------------
@@ -465,7 +438,9 @@ class PythonEnv:
         self.limits, self.split = limits, split
         if split is not None and split not in ("train", "test"):
             raise ValueError(f"split must be train or test, got {split!r}")
-        self._tasks = load_task_file(tasks, self.name, self.cls) if tasks else []
+        no_reward = None if callable(getattr(self.cls, REWARD_METHOD, None)) else \
+            f"{self.cls.__name__} has no {REWARD_METHOD}()"
+        self._tasks = load_task_file(tasks, self.name, no_reward) if tasks else []
         self.worker: ToolWorker | None = None
         if isolate and can_isolate(self.cls):
             self.worker = ToolWorker(self.cls, _worker_instance, call_timeout_s)
@@ -523,34 +498,41 @@ def check_env(spec: str, tasks_path: str) -> list[str]:
                 problems.append(f"{where}: reset() cannot take {sorted(task.initial_state)} ({error}); it takes "
                                 f"{taken}")
                 continue
-        first, second = _play_truth(env, task), _play_truth(env, task)
-        if first["setup"]:  # the constructor or reset raised, hung or ended the worker
-            problems.append(f"{where}: {first['setup']}")
-            continue
-        failed = [(call, error) for call, error in first["errors"] if error]
-        if failed:
-            problems.append(f"{where}: ground truth call {failed[0][0]!r} fails: {failed[0][1]}; fix the call or the "
-                            "class")
-        elif any(task.ground_truth) and first["initial"] == first["state"] and all(
-                result.strip() in EMPTY_RESULTS for result in first["results"]):
-            problems.append(f"{where}: its ground truth changes nothing and returns nothing, so nothing can be checked")
-        elif first["state"] != second["state"] or first["results"] != second["results"]:
-            shared = [name for name, value in vars(env.cls).items()
-                      if not name.startswith("_") and isinstance(value, (list, dict, set))]
-            cause = (f"class attribute {', '.join(shared)} is shared by every instance, so one episode's changes "
-                     "leak into the next: make it an instance attribute in __init__" if shared else
-                     "randomness or the clock without a seed?")
-            problems.append(f"{where}: two runs of its ground truth end differently ({cause}); state must be a "
-                            "function of reset's arguments and the calls")
-        elif first["score"] < 1.0:
-            problems.append(f"{where}: its own ground truth scores {first['score']}: {first['reasons'][:1]}")
+        shared = [name for name, value in vars(env.cls).items()
+                  if not name.startswith("_") and isinstance(value, (list, dict, set))]
+        cause = (f"class attribute {', '.join(shared)} is shared by every instance, so one episode's changes leak "
+                 "into the next: make it an instance attribute in __init__" if shared else
+                 "randomness or the clock without a seed?")
+        problem = truth_problem(env, task, cause)
+        if problem:
+            problems.append(f"{where}: {problem}")
     return problems
 
 
-def _play_truth(env: PythonEnv, task: Task) -> dict[str, Any]:
+def truth_problem(env: Any, task: Task, cause_if_differs: str) -> str | None:
+    """What `env check` says of a task's ground truth played twice on fresh instances (envs `python`, `mcp`):
+    it cannot start, a call fails, it changes and returns nothing, the two runs differ, or it does not score 1."""
+    first, second = _play_truth(env, task), _play_truth(env, task)
+    if first["setup"]:  # the constructor or reset raised, hung or ended the worker; the server did not start
+        return first["setup"]
+    failed = [(call, error) for call, error in first["errors"] if error]
+    if failed:
+        return f"ground truth call {failed[0][0]!r} fails: {failed[0][1]}; fix the call or the tools"
+    if any(task.ground_truth) and first["initial"] == first["state"] and all(
+            result.strip() in EMPTY_RESULTS for result in first["results"]):
+        return "its ground truth changes nothing and returns nothing, so nothing can be checked"
+    if second["setup"] or first["state"] != second["state"] or first["results"] != second["results"]:
+        return (f"two runs of its ground truth end differently ({cause_if_differs}); state must be a function of "
+                "reset's arguments and the calls")
+    if first["score"] < 1.0:
+        return f"its own ground truth scores {first['score']}: {first['reasons'][:1]}"
+    return None
+
+
+def _play_truth(env: Any, task: Task) -> dict[str, Any]:
     episode = env.reset(task)
-    if episode._agent.lost:
-        return {"setup": episode._agent.lost}
+    if episode.lost:
+        return {"setup": episode.lost}
     initial, errors, results = episode.state(), [], []
     for calls in task.ground_truth:
         for step in episode.act(list(calls)):
