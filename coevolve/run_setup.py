@@ -133,14 +133,25 @@ def build_env(config: Config) -> Env:
         env = make_env(config.env.name, **options)
     except (KeyError, ValueError, TypeError) as error:
         raise ConfigError(f"env: {error}") from None
+    _check_env_for_run(config, env)
+    return env
+
+
+def _check_env_for_run(config: Config, env: Env) -> None:
+    """What an env that anyone writes (env mcp) must give this run, checked before anything slow: room for a
+    rollout's sessions, and schemas the offline explorer can draw arguments from."""
+    sessions = getattr(getattr(env, "slots", None), "limit", None)
+    episodes = config.grpo.prompts_per_step * config.rollout.group_size
+    if sessions is not None and episodes > sessions:
+        raise ConfigError(f"a rollout opens {episodes} episodes at once (grpo.prompts_per_step x rollout.group_size), "
+                          f"more than env.options.max_sessions ({sessions}): raise it or take fewer prompts a step")
     problems = getattr(env, "exploration_problems", None)
     if config.run.mode in ("coevolve", "random", "synthetic") and config.synthesis.explorer == "offline" and problems:
-        unfillable = problems()  # an MCP server's schemas are anyone's: refused now, not in the first synthesis
+        unfillable = problems()
         if unfillable:
             raise ConfigError(f"synthesis.explorer offline cannot draw a value for {', '.join(unfillable[:4])} "
                               "(required, of a schema it does not know); use synthesis.explorer: llm or policy, or "
                               "give the argument a plain type")
-    return env
 
 
 def load_tasks(config: Config, env: Env) -> list[Task]:

@@ -403,6 +403,9 @@ def test_a_schema_the_offline_explorer_cannot_fill_is_refused_before_a_run(tmp_p
     with pytest.raises(ConfigError, match=r"cannot draw a value for merge\(left\)"):
         build_env(load_config(str(REPO / "examples" / "board" / "config.yaml")))
     assert build_env(load_config(str(REPO / "examples" / "board" / "config.yaml"), ["run.mode=static"])).docs
+    with pytest.raises(ConfigError, match="opens 16 episodes at once .*max_sessions \\(4\\)"):
+        build_env(load_config(str(REPO / "examples" / "board" / "config.yaml"),
+                              ["run.mode=static", "env.options.max_sessions=4"]))
 
 
 def test_one_grpo_iteration_on_an_mcp_server(tmp_path, tiny_dir):

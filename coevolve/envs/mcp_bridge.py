@@ -34,7 +34,9 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 from coevolve.envs.python_env import EnvDefinitionError, import_attribute
 
-DEFAULT_MAX_SESSIONS = 64
+DEFAULT_MAX_SESSIONS = {"in-process": 1024, "stdio": 64}
+"""Sessions open at once, by default: a rollout opens all its episodes at its start (prompts_per_step x group_size,
+and a held-out pass one per task and sample); an in-process session is a small object, a stdio one a process."""
 START_TIMEOUT_S = 30.0
 """How long a server may take to start and answer the handshake (a stdio server imports its code first)."""
 
@@ -71,7 +73,7 @@ class _Loop:
 class Slots:
     """At most `limit` sessions open at once (one `Slots` per env)."""
 
-    def __init__(self, limit: int = DEFAULT_MAX_SESSIONS) -> None:
+    def __init__(self, limit: int) -> None:
         if limit < 1:
             raise ValueError(f"max_sessions must be at least 1, got {limit}")
         self.limit = limit
@@ -80,7 +82,8 @@ class Slots:
     def take(self, timeout: float) -> None:
         if not self._free.acquire(timeout=timeout):
             raise SessionLost(f"more than {self.limit} MCP sessions open at once for {timeout:g} s; raise "
-                              "env.options.max_sessions (rollouts hold prompts_per_step x group_size episodes open)")
+                              "env.options.max_sessions (a rollout holds all its episodes open: prompts_per_step x "
+                              "group_size, or a held-out pass's tasks x samples)")
 
     def give_back(self) -> None:
         self._free.release()

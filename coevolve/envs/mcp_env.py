@@ -11,7 +11,8 @@ through read-only probe calls, and synthesis over it unchanged.
   reset: `env check` says so when that makes two runs differ). In-process servers talk through the SDK's own
   in-process client (no sockets, no JSON-RPC framing). `command=[program, arg, ...]`: a stdio server, started per
   episode and ended with it; the task's `reset` reaches it as JSON in the environment variable COEVOLVE_MCP_RESET.
-  Sessions run on one event loop in one thread (`coevolve.envs.mcp_bridge`), at most `max_sessions` open.
+  Sessions run on one event loop in one thread (`coevolve.envs.mcp_bridge`), at most `max_sessions` open
+  (1024 in-process, 64 stdio by default).
 - Tools: `list_tools` (every page), once, when the env is made: name, description and input schema, as the agent
   sees them. The `reward_tool`, if any, is hidden from the agent.
 - Calls: parsed as BFCL's are (`coevolve.calls`: literals only, never evaluated), by name among the listed tools,
@@ -108,7 +109,7 @@ class MCPEnv:
     def __init__(self, server: Any = None, command: Sequence[str] | None = None, tasks: str | None = None,
                  split: str | None = None, state_calls: Sequence[str] = (), reward_tool: str | None = None,
                  call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S, max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
-                 max_sessions: int = DEFAULT_MAX_SESSIONS, cwd: str | None = None,
+                 max_sessions: int | None = None, cwd: str | None = None,
                  limits: CallLimits = DEFAULT_LIMITS, scope: str = "exposed") -> None:
         """`scope` is taken for the CLI's sake: an MCP server's tools are all exposed in every turn."""
         if split is not None and split not in ("train", "test"):
@@ -122,7 +123,8 @@ class MCPEnv:
         self.name = f"mcp:{self.source.label}"
         self.split, self.limits, self.reward_tool = split, limits, reward_tool
         self.call_timeout_s, self.max_result_chars = float(call_timeout_s), int(max_result_chars)
-        self.slots = Slots(max_sessions)
+        kind = "stdio" if self.source.command else "in-process"
+        self.slots = Slots(max_sessions or DEFAULT_MAX_SESSIONS[kind])
         no_reward = None if reward_tool else "env.options.reward_tool is not set"
         self._tasks = load_task_file(tasks, self.name, no_reward, checks=True) if tasks else []
         for task in self._tasks:
