@@ -6,7 +6,8 @@ The rollout engine is synchronous and holds K x B episodes open at once; the off
 task on the shared loop that enters `Client(...)`, then serves requests from a queue until it is told to close.
 The caller's thread only waits on futures, each with a deadline:
 
-    starting          `start_timeout_s` for the server to come up and answer the handshake
+    starting          `start_timeout_s` (30 s) for a factory to return (called on one of four shared helper
+                      threads) and for the server to come up and answer the handshake
     each request      `call_timeout_s`; no answer in time and the session is abandoned (its task cancelled, which
                       ends a stdio server's process), the call and every later one answer `SessionLost`
     the server dies   (a stdio process exits, the transport breaks) the session is lost likewise
@@ -239,6 +240,16 @@ def route_logs() -> None:
         logger.setLevel(logging.INFO)
 
 
+_FACTORY_THREADS: list[concurrent.futures.ThreadPoolExecutor] = []
+
+
+def _factory_threads() -> concurrent.futures.ThreadPoolExecutor:
+    """A few threads, shared, for the factories' calls (a stuck one holds its thread, never the caller)."""
+    if not _FACTORY_THREADS:
+        _FACTORY_THREADS.append(concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="coevolve-mcp-factory"))
+    return _FACTORY_THREADS[0]
+
+
 class ServerSource:
     """How each session gets its server: a factory called with the task's `reset`, one shared object, or a stdio
     command. `label` names it in the env's name (`mcp:LABEL`), which tasks carry."""
@@ -297,9 +308,14 @@ class ServerSource:
             return lambda: Client(_stdio_transport(self.command, reset, self.cwd, self.label), cache=None)
         if self.factory is None:
             return lambda: Client(self.shared, cache=None)
-        try:
+        def make() -> Any:
             with _console_kept():
-                server = self.factory(**copy.deepcopy(dict(reset)))
+                return self.factory(**copy.deepcopy(dict(reset)))
+
+        try:  # on a helper thread, under the start deadline: a factory that never returns costs one episode
+            server = _factory_threads().submit(make).result(START_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            raise SessionLost(f"the server factory {self.label} did not return within {START_TIMEOUT_S:g} s") from None
         except Exception as error:  # noqa: BLE001 - a factory that raises: the episode says why
             raise SessionLost(f"the server factory {self.label} raised {describe(error)}") from None
         if not _is_server(server):
