@@ -76,12 +76,16 @@ def result_text(result: Any, limit: int = DEFAULT_MAX_RESULT_CHARS) -> str:
 def _tool_doc(name: str, description: str, schema: Mapping[str, Any]) -> dict[str, Any]:
     """A tool as the agent sees it. The SDK's `MCPServer` sends a function's whole docstring as the description
     and no argument descriptions; a Google- or NumPy-style docstring is split as env `python` splits it: its
-    first paragraph describes the tool, its `Args:` fill the arguments that have no description of their own."""
+    first paragraph describes the tool, its `Args:` fill the arguments that have no description of their own.
+    Calls are checked against the schema as the server sent it."""
     summary, described = doc_parts(description)
     parameters = copy.deepcopy(dict(schema))
+    parameters.pop("title", None)  # pydantic's "add_cardArguments", "Title": annotations, tokens the agent pays for
     for argument, value in (parameters.get("properties") or {}).items():
-        if isinstance(value, dict) and not value.get("description") and described.get(argument):
-            value["description"] = described[argument]
+        if isinstance(value, dict):
+            value.pop("title", None)
+            if not value.get("description") and described.get(argument):
+                value["description"] = described[argument]
     return {"name": name, "description": summary or description, "parameters": parameters}
 
 
