@@ -12,7 +12,11 @@ episode's server (or instance) and reset are in the time. Then `--calls` calls o
 one open episode: the cost of a call alone. stdio starts a server process per episode, so it gets fewer rounds.
 Baseline: env `python` in the same process and run. Figures: calls/s and time ratios against it.
 
-Usage: `python bench/mcp_env.py [--rounds 5] [--calls 200] [--no-write]`; writes the `mcp_env` section.
+Last, `--group` episodes opened at once and a call in each, as a rollout opens its B x K episodes before the first
+reply: stdio servers then start side by side.
+
+Usage: `python bench/mcp_env.py [--rounds 5] [--calls 200] [--group 16] [--no-write]`; writes the `mcp_env`
+section.
 """
 
 from __future__ import annotations
@@ -48,6 +52,17 @@ def episodes(env, rounds: int) -> tuple[float, int, list[str]]:
     return time.perf_counter() - started, calls, observations
 
 
+def opened_together(env, count: int) -> float:
+    """Seconds to open `count` episodes, as a rollout does before its first reply, and make one call in each."""
+    task = env.tasks()[0]
+    started = time.perf_counter()
+    opened = [env.reset(task) for _ in range(count)]
+    for episode in opened:
+        [step] = episode.act(["list_cards()"])
+        assert step.error is None, step.error
+    return time.perf_counter() - started
+
+
 def one_episode(env, calls: int) -> float:
     episode = env.reset(env.tasks()[0])
     started = time.perf_counter()
@@ -60,6 +75,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--group", type=int, default=16, help="episodes opened at once (a rollout's B x K)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     from coevolve.envs.mcp_env import MCPEnv
@@ -82,23 +98,28 @@ def main() -> None:
         assert answers["python"] == answers["in-process"] == answers["stdio"], "the two boards answer differently"
         single = {name: one_episode(env, args.calls if name != "stdio" else max(20, args.calls // 5))
                   for name, env in (("python", python), ("in-process", in_process), ("stdio", stdio))}
+        together = {name: opened_together(env, args.group)
+                    for name, env in (("python", python), ("in-process", in_process), ("stdio", stdio))}
     single_calls = {"python": args.calls, "in-process": args.calls, "stdio": max(20, args.calls // 5)}
     base_rate = measured["python"][1] / measured["python"][0]
     base_single = single["python"] / single_calls["python"]
     labels = {"python": "env `python` (worker process; baseline)", "in-process": "env `mcp`, in-process server",
               "stdio": "env `mcp`, stdio server (a process per episode)"}
     lines = ["## MCP servers as environments: calls/s against env python (`bench/mcp_env.py`)", "",
-             f"Command: `python bench/mcp_env.py --rounds {args.rounds} --calls {args.calls}` ({machine_line()}): "
+             f"Command: `python bench/mcp_env.py --rounds {args.rounds} --calls {args.calls} --group {args.group}` "
+             f"({machine_line()}): "
              f"the board example's {len(python.tasks())} ground-truth sequences, each task an episode with a fresh "
              f"server or instance ({args.rounds} rounds; stdio {stdio_rounds}); then `list_cards()` in one open "
              "episode. The answers of the three paths were checked equal.", "",
              "| path | episodes: calls | seconds | calls/s | time per call vs python | one session: ms per call "
-             "| vs python |", "|---|---|---|---|---|---|---|"]
+             f"| vs python | {args.group} episodes opened at once + a call each: s | vs python |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name in ("python", "in-process", "stdio"):
         seconds, calls, _ = measured[name]
         per_call = single[name] / single_calls[name]
         lines.append(f"| {labels[name]} | {calls} | {seconds:.2f} | {calls / seconds:,.0f} | "
-                     f"{base_rate / (calls / seconds):.1f}x | {per_call * 1000:.2f} | {per_call / base_single:.1f}x |")
+                     f"{base_rate / (calls / seconds):.1f}x | {per_call * 1000:.2f} | {per_call / base_single:.1f}x | "
+                     f"{together[name]:.2f} | {together[name] / together['python']:.1f}x |")
     lines += ["", "An episode on env `mcp` pays for a fresh server (the SDK's `MCPServer()` builds a pydantic model "
               "per tool) and its session; a call pays the SDK's request path and, for a sync tool, a hop to a worker "
               "thread. A rollout step makes prompts_per_step x group_size episodes: compare with the seconds a step "

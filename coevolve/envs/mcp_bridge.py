@@ -105,16 +105,26 @@ class Session:
         self._loop = _Loop.shared().loop
         self._queue: asyncio.Queue | None = None
         self._finished = False
-        ready: concurrent.futures.Future = concurrent.futures.Future()
-        self._task_future = asyncio.run_coroutine_threadsafe(self._serve(connect, ready), self._loop)
+        # Not waited for here: a rollout opens all its episodes first, so their servers (a process each, for
+        # stdio) start side by side on the loop; the first request waits for its own.
+        self._ready: concurrent.futures.Future | None = concurrent.futures.Future()
+        self._start_timeout_s = start_timeout_s
+        self._task_future = asyncio.run_coroutine_threadsafe(self._serve(connect, self._ready), self._loop)
+
+    def _started(self) -> None:
+        """Wait (once) for the server to answer the handshake; raises `SessionLost` when it did not."""
+        if self._ready is None:
+            return
+        ready, self._ready = self._ready, None
         try:
-            ready.result(start_timeout_s)
+            ready.result(self._start_timeout_s)
         except concurrent.futures.TimeoutError:
-            self._abandon(f"the MCP server did not start within {start_timeout_s:g} s")
+            self._abandon(f"the MCP server did not start within {self._start_timeout_s:g} s")
             raise SessionLost(self.lost) from None
         except BaseException as error:  # noqa: BLE001 - the server could not start: one line, why
+            self.lost = f"the MCP server could not start: {describe(error)}"
             self._release()
-            raise SessionLost(f"the MCP server could not start: {describe(error)}") from None
+            raise SessionLost(self.lost) from None
 
     async def _serve(self, connect: Callable[[], Any], ready: concurrent.futures.Future) -> None:
         self._queue = asyncio.Queue()
@@ -160,6 +170,7 @@ class Session:
     def request(self, operation: Callable[[Any], Awaitable[T]], timeout: float | None = None) -> T:
         if self.lost is not None:
             raise SessionLost(self.lost)
+        self._started()
         reply: concurrent.futures.Future = concurrent.futures.Future()
         self._loop.call_soon_threadsafe(self._put, (operation, reply))
         limit = self.call_timeout_s if timeout is None else timeout
