@@ -120,6 +120,12 @@ def template_query(steps: Sequence[Step], docs: Mapping[str, Mapping[str, Any]])
     return text
 
 
+def focus_of(episode: ExplorationEpisode, solution: Sequence[str]) -> str | None:
+    """The episode's focus tool when the solution calls it (a task for the unexplored tool), else None."""
+    names = {call.partition("(")[0].strip() for call in solution}
+    return episode.focus if episode.focus in names else None
+
+
 def focus_solutions(steps: Sequence[Step], focus: str, max_calls: int) -> list[list[Step]]:
     """Every solution that ends in a call of `focus` among `steps` (an episode's successful calls): that call,
     preceded by up to `max_calls - 1` of the calls before it, in episode order; shorter solutions first, then
@@ -185,6 +191,7 @@ class TemplateAbstractor:
             candidates.append(Candidate.create(
                 task.env, intent, template_query(window, docs), solution, task.initial_state,
                 candidate_meta(task, solution), task.id, episode.signal, episode.id, self.name,
+                focus_of(episode, solution),
             ))
         return Abstraction(episode.id, tuple(candidates), shortest_only=bool(episode.focus))
 
@@ -335,7 +342,7 @@ class LLMAbstractor:
                 candidates = tuple(
                     Candidate.create(task.env, item["intent"], item["query"], item["solution"], task.initial_state,
                                      candidate_meta(task, item["solution"]), task.id, episode.signal, episode.id,
-                                     self.name)
+                                     self.name, focus_of(episode, item["solution"]))
                     for item in parsed
                 )
                 results[episode_id] = Abstraction(episode_id, candidates, None, attempts[episode_id])

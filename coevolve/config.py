@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
+from coevolve.config_text import MAX_CONFIG_BYTES, ConfigError, apply_overrides, read_yaml
 from coevolve.explore import ExploreConfig
 from coevolve.jsonl import atomic_write_text
 from coevolve.policy.chat import STRIP_REFUSED, DemoChoice
@@ -34,10 +35,6 @@ Mode = Literal["zero-shot", "static", "synthetic", "random", "coevolve"]
 (one synthesis pass before training, then static), random (exploration without signals after every iteration),
 coevolve (signal-guided synthesis after every iteration)."""
 LossNormalisation = Literal["tokens", "sequence", "constant"]
-
-
-class ConfigError(ValueError):
-    """A config file or override that cannot be used; the message names the key and the fix."""
 
 
 @dataclass(frozen=True)
@@ -241,6 +238,10 @@ class LoopSection:
     bench/replicate.py evaluates it once per setting (its zero-shot arm) and turns it off in the training arms."""
     synthetic_fraction: float | None = BatchMix.synthetic_fraction
     """Share of synthetic tasks in each iteration's sample of D_t (None: sample D_t as a whole)."""
+    signal_weights: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Draw weight of a synthetic task by the signal that made it (`forgetting`, `boundary`, `rare`, `random`;
+    `unexplored`: made for a tool no rollout had called, instead of its signal's); absent kinds and seed tasks
+    weigh 1 (`coevolve.pool.BatchMix`). Empty: D_t's tasks are drawn uniformly, as in the paper."""
     recur_fraction: float = 0.0
     """Share of each iteration's sample given to tasks solved (success rate >= signals.threshold) in one of the last
     signals.window iterations: recurring tasks give forgetting a history H_recent to compare with. Same rollout
@@ -250,6 +251,9 @@ class LoopSection:
     d0: Literal["entries", "explored"] = "entries"
     """D_0: the env's tasks (`entries`), or (`explored`: the paper's BFCL protocol) what one synthesis pass over
     `synthetic_contexts` random entries admits; entries then only start explorations, so all may be evaluated."""
+
+    def __post_init__(self) -> None:
+        BatchMix(signal_weights=self.signal_weights)  # an unknown kind or a bad weight: ValueError, named
 
 
 @dataclass(frozen=True)
@@ -500,78 +504,6 @@ def from_dict(data: Mapping[str, Any] | None) -> Config:
     if unknown:
         raise ConfigError(f"unknown section(s) {unknown}; known: {sorted(hints)}")
     return Config(**{name: _section(hints[name], values or {}, name) for name, values in data.items()})
-
-
-MAX_CONFIG_BYTES = 1 << 20
-MAX_YAML_VALUES = 100_000
-"""Values a config may hold once its aliases are expanded: a 540-byte document of nested aliases (a "billion laughs")
-would otherwise expand without bound when the config is copied or written back."""
-MAX_YAML_DEPTH = 64
-
-
-def read_yaml(text: str, where: str) -> Any:
-    """YAML text -> plain data, bounded: at most MAX_YAML_VALUES values with every alias expanded, at most
-    MAX_YAML_DEPTH levels deep, no alias that contains itself; anything else is a one-line ConfigError."""
-    import yaml
-
-    if len(text) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{where}: {len(text)} characters; a config is at most {MAX_CONFIG_BYTES}")
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{where} is not valid YAML: {' '.join(str(error).split())[:300]}") from None
-    except RecursionError:
-        raise ConfigError(f"{where}: nested deeper than {MAX_YAML_DEPTH} levels") from None
-    sizes: dict[int, int] = {}
-
-    def size(node: Any, depth: int, open_nodes: set[int]) -> int:
-        if depth > MAX_YAML_DEPTH:
-            raise ConfigError(f"{where}: nested deeper than {MAX_YAML_DEPTH} levels")
-        if not isinstance(node, (dict, list)):
-            return 1
-        key = id(node)
-        if key in open_nodes:
-            raise ConfigError(f"{where}: a YAML alias contains itself")
-        if key not in sizes:  # an alias is the same object again: its size is counted at every use, computed once
-            open_nodes.add(key)
-            total = 1
-            for item in (list(node.keys()) + list(node.values()) if isinstance(node, dict) else node):
-                total += size(item, depth + 1, open_nodes)
-                if total > MAX_YAML_VALUES:
-                    raise ConfigError(f"{where}: expands to more than {MAX_YAML_VALUES} values (nested YAML "
-                                      "aliases?); write the values out")
-            open_nodes.discard(key)
-            sizes[key] = total
-        return sizes[key]
-
-    if size(value, 0, set()) > MAX_YAML_VALUES:
-        raise ConfigError(f"{where}: expands to more than {MAX_YAML_VALUES} values (nested YAML aliases?)")
-    return value
-
-
-def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """`section.key=value` strings; the value is read as YAML (`4`, `1e-6`, `true`, `null`, `[a, b]`). A mapping
-    field takes one more level: `env.options.root=/data/appworld`."""
-    for name, values in data.items():
-        if values is not None and not isinstance(values, Mapping):
-            raise ConfigError(f"config section {str(name)[:40]!r} must be a mapping of keys (section: then key: "
-                              f"value lines), got {type(values).__name__}")
-    data = {name: dict(values or {}) for name, values in data.items()}
-    for override in overrides:
-        key, sep, text = override.partition("=")
-        parts = key.strip().split(".")
-        if not sep or len(parts) not in (2, 3) or not all(parts):
-            raise ConfigError(f"override {override!r}: expected section.key=value, e.g. grpo.learning_rate=1e-6")
-        value = read_yaml(text, f"override {override[:80]!r}") if text.strip() else ""
-        section = data.setdefault(parts[0], {})
-        if len(parts) == 3:
-            inner = section.get(parts[1])
-            if inner is not None and not isinstance(inner, Mapping):
-                raise ConfigError(f"override {override!r}: {parts[0]}.{parts[1]} is not a mapping")
-            section[parts[1]] = {**(inner or {}), parts[2]: value}
-        else:
-            section[parts[1]] = value
-    return data
 
 
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Config:

@@ -52,10 +52,10 @@ Where this departs from the paper (the one list; the modules named say more):
 5. Several groups per step are normalised by the step's token count (TRL's `dapo`), where the paper's J(θ) is
    per group (`coevolve.train`); held-out evaluation is greedy, one episode per task.
 6. Admitted tasks join the pool for the next iteration's sample, drawn uniformly from D_t (`loop.synthetic_fraction`
-   sets a share); the paper does not say how D_t is sampled. `loop.recur_fraction` gives a share of the sample to
-   recently solved tasks: forgetting compares a task's rate with its own history, which a uniform sample of a
-   pool hundreds of tasks large gives almost no task (at 16 tasks an iteration, forgetting fired once in all the
-   earlier CPU runs).
+   sets a share, `loop.signal_weights` weighs synthetic tasks by signal; `unexplored`: tasks made for a tool no
+   rollout had called); the paper does not say how D_t is sampled. `loop.recur_fraction` gives a share of the
+   sample to recently solved tasks: forgetting compares a task's rate with its own history, which a uniform sample
+   of a pool hundreds of tasks large gives almost no task.
 7. `grpo.guidance: solution` (off by default): a group whose K rollouts all fail on a task with a verified solution
    trains on that solution in place of one rollout, LUFFY-style off-policy guidance (`coevolve.guidance`); the
    signals, train success and the report read the policy's own rollouts only.
@@ -226,7 +226,7 @@ def sample_tasks(run: "Run", t: int) -> list[Task]:
     if loop.d0 == "explored":  # the env's own tasks only start explorations: never trained on
         never.update(dict.fromkeys((task.id for task in run.pool.tasks_at(0, "seed")), 0.0))
     drawn = run.pool.sample(t - 1, run.slots - len(recurring), rng_seed=seed,
-                            config=BatchMix(synthetic_fraction=loop.synthetic_fraction), weights=never)
+                            config=BatchMix(loop.synthetic_fraction, loop.signal_weights), weights=never)
     tasks = recurring + drawn
     if recurring:
         rng.shuffle(tasks)  # recurring tasks spread over the iteration's steps, not all in its first

@@ -45,6 +45,9 @@ POOL_FILENAME = "pool.sqlite"
 _NO_LIMIT = 1 << 62  # larger than any iteration or window
 RANDOM_SIGNAL = "random"
 """The signal key of a synthetic task that came from random (unsteered) exploration: its `signal` is None."""
+UNEXPLORED = "unexplored"
+"""Weight key of a task made for a tool no rollout had called (a rare event for an unexplored tool)."""
+WEIGHT_KINDS = (*SIGNAL_KINDS, RANDOM_SIGNAL, UNEXPLORED)
 
 _SCHEMA = """
 CREATE TABLE tasks (
@@ -131,7 +134,8 @@ class BatchMix:
     source runs short the other fills the batch."""
     signal_weights: Mapping[str, float] = field(default_factory=dict)
     """Weight of a synthetic task by the signal that produced it (`forgetting`, `boundary`, `rare`, or `random`
-    for random exploration); absent kinds weigh 1. Seed tasks weigh 1."""
+    for random exploration); absent kinds weigh 1. Seed tasks weigh 1. `unexplored` weighs a task made for a tool
+    no rollout had called (`Provenance.focus_tool`) instead of its signal's weight."""
     max_per_parent: int | None = None
     """At most this many synthetic tasks of one parent task in a batch (None: no cap)."""
     max_per_signal: int | None = None
@@ -141,8 +145,8 @@ class BatchMix:
         if self.synthetic_fraction is not None and not 0.0 <= self.synthetic_fraction <= 1.0:
             raise ValueError(f"synthetic_fraction must lie in [0, 1], got {self.synthetic_fraction!r}")
         for kind, weight in self.signal_weights.items():
-            if kind not in (*SIGNAL_KINDS, RANDOM_SIGNAL):
-                raise ValueError(f"unknown signal {kind!r} in signal_weights")
+            if kind not in WEIGHT_KINDS:
+                raise ValueError(f"unknown signal {kind!r} in signal_weights; known: {', '.join(WEIGHT_KINDS)}")
             _check_weight(weight, f"signal_weights[{kind!r}]")
         for name in ("max_per_parent", "max_per_signal"):
             cap = getattr(self, name)
@@ -361,7 +365,8 @@ class TaskPool:
             raise ValueError(f"count must be a non-negative int, got {count!r}")
         iteration = self._resolve(iteration)
         rows = self._db.execute(
-            "SELECT t.id, t.source, t.parent_id, t.signal FROM membership m JOIN tasks t ON t.id = m.task_id"
+            "SELECT t.id, t.source, t.parent_id, t.signal, json_extract(t.payload, '$.provenance.focus_tool')"
+            " FROM membership m JOIN tasks t ON t.id = m.task_id"
             " WHERE m.iteration = ? ORDER BY t.id",  # a fixed order, so the seed alone decides the draw
             (iteration,),
         ).fetchall()
@@ -454,24 +459,26 @@ def _check_task(task: Task) -> None:
 
 
 def draw(
-    rows: Sequence[tuple[str, str, str | None, str | None]],
+    rows: Sequence[tuple[str, str, str | None, str | None, str | None]],
     count: int,
     rng: random.Random,
     config: BatchMix,
     weights: Mapping[str, float],
 ) -> list[str]:
-    """Pick up to `count` ids from (id, source, parent_id, signal) rows: weighted, without replacement, capped.
+    """Pick up to `count` ids from (id, source, parent_id, signal, focus_tool) rows: weighted, without replacement,
+    capped.
 
     Every row gets the key u^(1/w), u ~ U[0, 1) (Efraimidis & Spirakis 2006: taking keys in decreasing order is
     weighted sampling without replacement); rows are then taken in key order, skipping any that would break a cap.
     """
-    keyed: dict[str, list[tuple[float, tuple[str, str, str | None, str | None]]]] = {"seed": [], "synthetic": []}
+    keyed: dict[str, list[tuple[float, tuple]]] = {"seed": [], "synthetic": []}
     for row in rows:
-        task_id, source, _, signal = row
+        task_id, source, _, signal, focus_tool = row
         weight = weights.get(task_id, 1.0)
         _check_weight(weight, f"weight of task {task_id}")
         if source == "synthetic":
-            weight *= config.signal_weights.get(signal or RANDOM_SIGNAL, 1.0)
+            kind = UNEXPLORED if focus_tool and UNEXPLORED in config.signal_weights else signal or RANDOM_SIGNAL
+            weight *= config.signal_weights.get(kind, 1.0)
         u = rng.random()  # drawn for every row, weight 0 or not, so one task's weight never shifts another's key
         if weight > 0:
             # log(u^(1/w)) = log(u)/w: same order as u^(1/w), without underflow to 0 for small weights
@@ -493,7 +500,7 @@ def draw(
     per_signal: dict[str, int] = {}
 
     def take(queue: list, limit: int) -> None:
-        for _, (task_id, source, parent_id, signal) in queue:
+        for _, (task_id, source, parent_id, signal, _focus) in queue:
             if limit <= 0:
                 return
             if task_id in taken:

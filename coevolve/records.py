@@ -87,6 +87,9 @@ class Provenance(_JsonRecord):
     """Training iteration after which the task was admitted."""
     verdict: str | None = None
     """Validation verdict summary (`accepted`, or the rejection reason)."""
+    focus_tool: str | None = None
+    """The tool the exploration was sent to call because no rollout had called it (a rare event for an unexplored
+    tool, `signals.unexplored`); None otherwise. `loop.signal_weights.unexplored` weighs these tasks in the draw."""
 
 
 @dataclass(frozen=True)
@@ -406,18 +409,21 @@ class Candidate(_JsonRecord):
 
     abstractor: str | None = None
     """Which abstractor wrote it (`template`, `llm`), or None for a candidate from elsewhere."""
+    focus_tool: str | None = None
+    """The episode's focus tool (`ExplorationEpisode.focus`), carried into the task's provenance."""
 
     @classmethod
     def create(cls, env: str, intent: str, query: str, solution: Sequence[str], initial_state: Mapping[str, Any],
                meta: Mapping[str, Any] | None = None, parent_task_id: str | None = None, signal: str | None = None,
-               episode_id: str | None = None, abstractor: str | None = None) -> "Candidate":
+               episode_id: str | None = None, abstractor: str | None = None,
+               focus_tool: str | None = None) -> "Candidate":
         """A candidate whose id is the hash of what it asks and does (env, query, solution, starting point)."""
         solution_t = tuple(solution)
         meta_d = dict(meta or {})
         candidate_id = content_hash({"env": env, "query": query, "solution": solution_t,
                                      "initial_state": initial_state, "meta": meta_d})
         return cls(candidate_id, env, intent, query, solution_t, dict(initial_state), meta_d, parent_task_id, signal,
-                   episode_id, abstractor)
+                   episode_id, abstractor, focus_tool)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Candidate":

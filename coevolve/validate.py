@@ -230,7 +230,7 @@ class Validator:
             return Validation(candidate, Verdict(candidate.id, False, tuple(reasons)), None,
                               time.perf_counter() - started)
         provenance = Provenance("synthetic", candidate.parent_task_id, candidate.signal, candidate.episode_id,
-                                iteration, "accepted")
+                                iteration, "accepted", candidate.focus_tool)
         task = candidate_task(candidate, provenance)
         self.remember([task], executed=self.config.check_execution)
         return Validation(candidate, Verdict(candidate.id, True, (), task.id), task, time.perf_counter() - started)

@@ -55,6 +55,10 @@ def test_every_arm_of_every_setting_is_a_valid_config():
                                                                              False), ("static", "off", False)):
         config = load_config(str(replicate.TOOLS_CONFIG), replicate.Planned("tools", arm, 0).overrides())
         assert (config.grpo.guidance, config.signals.unexplored) == (guided, unexplored), arm
+    weighted = load_config(str(replicate.TOOLS_CONFIG),
+                           replicate.Planned("tools", "coevolve + unexplored weight", 0).overrides())
+    assert weighted.loop.signal_weights == {"unexplored": 10} and tools.loop.signal_weights == {}
+    assert (weighted.grpo.guidance, weighted.signals.unexplored) == ("solution", True)
     oracle = load_config(str(replicate.TOOLS_CONFIG), replicate.Planned("tools", "oracle data", 0).overrides())
     assert oracle.env.options["train_without_tools"] == [] and oracle.model.demo_without_tools == ("cat", "cd")
     assert oracle.run.mode == "static" and oracle.grpo.guidance == "off"
@@ -112,13 +116,19 @@ def test_the_goal_lines_by_hand():
     rows = {"static": [result("static", 0, 0.1), result("static", 1, 0.2)],
             "coevolve": [result("coevolve", 0, 0.2), result("coevolve", 1, 0.4)],
             "random": [result("random", 0, 0.2), result("random", 1, 0.2)],
-            "oracle data": [result("oracle data", 0, 0.5), result("oracle data", 1, 0.6)]}
+            "oracle data": [result("oracle data", 0, 0.5), result("oracle data", 1, 0.6)],
+            "coevolve + unexplored weight": [result("coevolve + unexplored weight", 1, 0.6)]}
     lines = replicate.goal_lines(rows, replicate.SETTINGS["tools"]).splitlines()
     # coevolve - static: (0.1, 0.2) -> +0.150, sd 0.0707, t(1) 12.706 -> +- 0.635; vs random: (0.0, 0.2) -> +0.100
     # +- 1.271; oracle gain over static 0.55 - 0.15 = 0.40, coevolve's 0.30 - 0.15 = 0.15: 38%
     assert lines == ["- coevolve - static on cat or cd: +0.150 +- 0.635 (2 seeds)",
                      "- coevolve - random on cat or cd: +0.100 +- 1.271 (2 seeds)",
-                     "- oracle data - static on cat or cd: +0.400; coevolve reaches 38% of it (2 seeds)"]
+                     "- oracle data - static on cat or cd: +0.400; coevolve reaches 38% of it (2 seeds)",
+                     # the weighted arm ran seed 1 only: +0.4 vs static, +0.4 vs random; its bound on seed 1: 0.4
+                     "- coevolve + unexplored weight - static on cat or cd: +0.400 (one seed) (1 seeds)",
+                     "- coevolve + unexplored weight - random on cat or cd: +0.400 (one seed) (1 seeds)",
+                     "- oracle data - static on cat or cd: +0.400; coevolve + unexplored weight reaches 100% of it "
+                     "(1 seeds)"]
 
 
 def _finished_run(folder: Path, after: float, heldout: list[tuple[int, bool]], added_by_calls: dict,

@@ -40,8 +40,9 @@ def seed_task(index: int, query: str | None = None, calls: tuple[str, ...] | Non
     )
 
 
-def synthetic_task(index: int, parent: Task, signal: str | None = "boundary", iteration: int = 0) -> Task:
-    provenance = Provenance("synthetic", parent.id, signal, f"episode-{index}", iteration, "accepted")
+def synthetic_task(index: int, parent: Task, signal: str | None = "boundary", iteration: int = 0,
+                   focus_tool: str | None = None) -> Task:
+    provenance = Provenance("synthetic", parent.id, signal, f"episode-{index}", iteration, "accepted", focus_tool)
     return Task.create(
         "bfcl", f"synthetic_{index}", [[{"role": "user", "content": f"List then touch file {index}."}]],
         dict(parent.initial_state), [["ls()", f"touch(file_name='f{index}')"]], provenance=provenance,
@@ -255,6 +256,29 @@ def test_weights_zero_excludes_and_large_weight_dominates(mixed_pool):
     assert None not in {t.provenance.signal for t in drawn if t.provenance.source == "synthetic"}
 
 
+def test_unexplored_weight_stands_for_the_signal_weight_of_tasks_made_for_an_unexplored_tool(pool):
+    seeds = [seed_task(i) for i in range(4)]
+    pool.add_tasks(seeds, 0)
+    rare = [synthetic_task(i, seeds[0], "rare") for i in range(6)]
+    unexplored = [synthetic_task(50 + i, seeds[1], "rare", focus_tool="cat") for i in range(3)]
+    pool.add_tasks(rare + unexplored, 1)
+    focus_ids = {t.id for t in unexplored}
+    assert {t.provenance.focus_tool for t in pool.tasks_at(1) if t.id in focus_ids} == {"cat"}  # read back
+    only_synthetic = {"synthetic_fraction": 1.0}
+    for seed in range(8):
+        first = pool.sample(1, 3, seed, BatchMix(**only_synthetic, signal_weights={"unexplored": 1e9}))
+        assert {t.id for t in first} == focus_ids  # they come first
+        never = pool.sample(1, 9, seed, BatchMix(**only_synthetic, signal_weights={"unexplored": 0.0}))
+        assert not focus_ids & {t.id for t in never}
+        assert [t.provenance.source for t in never].count("seed") == 3  # 6 rare tasks, then the seeds fill in
+        # Without an `unexplored` weight a focus task weighs as its signal: rare 0 excludes both kinds.
+        no_rare = pool.sample(1, 9, seed, BatchMix(**only_synthetic, signal_weights={"rare": 0.0}))
+        assert {t.provenance.source for t in no_rare} == {"seed"}
+        # With one, the unexplored weight replaces the signal's: rare 0 leaves the focus tasks drawable.
+        mixed = pool.sample(1, 3, seed, BatchMix(**only_synthetic, signal_weights={"rare": 0.0, "unexplored": 1.0}))
+        assert {t.id for t in mixed} == focus_ids
+
+
 def test_sample_larger_than_pool_returns_all_of_it(mixed_pool):
     assert sorted(t.id for t in mixed_pool.sample(1, 100, 0)) == sorted(t.id for t in mixed_pool.tasks_at(1))
 
@@ -280,7 +304,8 @@ rows_strategy = st.lists(
        st.sampled_from([None, 0, 1, 3]), st.sampled_from([None, 1, 2]))
 def test_draw_invariants(rows, count, seed, fraction, per_parent, per_signal):
     rows = [(f"id{index:03d}", source, parent if source == "synthetic" else None,
-             signal if source == "synthetic" else None) for index, (source, parent, signal) in enumerate(rows)]
+             signal if source == "synthetic" else None, "cat" if source == "synthetic" and index % 3 == 0 else None)
+            for index, (source, parent, signal) in enumerate(rows)]
     config = BatchMix(synthetic_fraction=fraction, max_per_parent=per_parent, max_per_signal=per_signal)
     chosen = draw(rows, count, random.Random(seed), config, {})
     assert chosen == draw(rows, count, random.Random(seed), config, {})  # deterministic

@@ -4,7 +4,7 @@ it; the abstractor proposes the shortest solutions ending in it and validation k
 
 from __future__ import annotations
 
-from coevolve.abstract import Abstraction, TemplateAbstractor, focus_solutions
+from coevolve.abstract import Abstraction, TemplateAbstractor, focus_of, focus_solutions
 from coevolve.envs.base import step_failure
 from coevolve.envs.bfcl_lite import BFCLLiteEnv
 from coevolve.explore import ExploreConfig, OfflineExplorer, build_context, describe
@@ -85,6 +85,9 @@ def test_a_focus_episode_calls_its_tool_and_yields_a_one_call_task():
     validated = validate(abstractions, Validator(env, known=env.tasks()), 1)
     accepted = [v.task for v in validated.items if v.task is not None]
     assert accepted and all(t.truth_tools[-1] == "cat" for t in accepted)
+    # The focus travels: candidate -> the task's provenance, which the pool's draw weighs (loop.signal_weights).
+    assert {c.focus_tool for a in abstractions for c in a.candidates} == {"cat"}
+    assert {t.provenance.focus_tool for t in accepted} == {"cat"}
     # Per episode and cat call, one solution stands: the shortest that passed.
     keys = [(v.candidate.episode_id, v.candidate.solution[-1]) for v in validated.items if v.verdict.accepted]
     assert len(keys) == len(set(keys))
@@ -94,6 +97,14 @@ def step(text):
     from coevolve.calls import parse_call
 
     return Step(0, 0, text, parse_call(text), "{}")
+
+
+def test_focus_of_names_the_focus_only_when_the_solution_calls_it():
+    episode = ExplorationEpisode("e", "c", "t", "rare", "offline", (), focus="cat")
+    assert focus_of(episode, ["cd(folder='d')", "cat(file_name='a')"]) == "cat"
+    assert focus_of(episode, ["ls()", "  cat (file_name='a')"]) == "cat"
+    assert focus_of(episode, ["ls()", "concat(x=1)"]) is None
+    assert focus_of(ExplorationEpisode("e", "c", "t", "rare", "offline", ()), ["cat(file_name='a')"]) is None
 
 
 def test_focus_solutions_by_hand():
@@ -147,3 +158,37 @@ def test_new_tool_tasks_counts_what_d0_never_calls(tmp_path):
                         task("e", ["ls(a=True)"], "synthetic")], 1)
         assert new_tool_tasks(pool, 1, {"ls", "mkdir"}) == {"admitted": 2, "one_call": 1}
         assert new_tool_tasks(pool, 0, {"ls", "mkdir"}) == {"admitted": 0, "one_call": 0}
+
+
+def test_the_loop_draws_tasks_made_for_an_unexplored_tool_by_loop_signal_weights(tmp_path):
+    from types import SimpleNamespace
+
+    from coevolve.config import load_config
+    from coevolve.loop import sample_tasks
+    from coevolve.pool import TaskPool
+    from coevolve.records import Provenance, Task
+
+    def task(index, provenance=None):
+        return Task.create("bfcl-lite", f"t{index}", [[{"role": "user", "content": f"Do thing {index}."}]], {"i": 0},
+                           [[f"ls(a={index})"]], provenance=provenance)
+
+    seeds = [task(i) for i in range(6)]
+    made = [task(10 + i, Provenance("synthetic", seeds[0].id, "rare", f"e{i}", 1, "accepted",
+                                    "cat" if i < 2 else None)) for i in range(8)]
+    with TaskPool(tmp_path / "pool.sqlite") as pool:
+        pool.add_tasks(seeds, 0)
+        pool.add_tasks(made, 1)
+        focus = {t.id for t in made[:2]}
+        for weights, expected in (("{unexplored: 1.0e+9}", True), ("{unexplored: 0}", False)):
+            config = load_config("configs/lite-tools.yaml", ["loop.recur_fraction=0", "loop.synthetic_fraction=0.5",
+                                                              f"loop.signal_weights={weights}"])
+            for seed in range(4):
+                run = SimpleNamespace(config=replace_seed(config, seed), pool=pool, slots=4)
+                drawn = {t.id for t in sample_tasks(run, 2)}
+                assert (focus <= drawn) if expected else not (focus & drawn), (weights, seed)
+
+
+def replace_seed(config, seed):
+    from dataclasses import replace
+
+    return replace(config, run=replace(config.run, seed=seed))

@@ -34,6 +34,8 @@ def dry_run(capsys, *args: str) -> tuple[int, str, str]:
     ("synthesis.time_budget_seconds=-1", "synthesis.time_budget_seconds"), ("lora.r=0", "lora.r"),
     ("run.save_total_limit=-1", "run.save_total_limit"), ("rollout.max_replies_per_turn=0", "rollout.max_replies_per_turn"),
     ("rollout.max_episode_tokens=0", "rollout.max_episode_tokens"), ("run.output_dir=", "run.output_dir"),
+    ("loop.signal_weights={rare: -1}", "loop: signal_weights['rare']"),
+    ("loop.signal_weights={novelty: 2}", "loop: unknown signal 'novelty'"),
 ])
 def test_a_value_out_of_range_is_one_line_naming_the_key_before_anything_is_written(override, key, capsys, tmp_path):
     code, out, err = dry_run(capsys, "--config", QUICKSTART, "--output-dir", str(tmp_path / "run"), override)
@@ -47,8 +49,8 @@ def test_every_numeric_key_has_a_range():
         hints = typing.get_type_hints(section.default_factory)
         for name, hint in hints.items():
             kinds = set(typing.get_args(hint)) or {hint}
-            if typing.get_origin(hint) is tuple:  # lists of numbers check their items (signals.ngram_sizes)
-                continue
+            if typing.get_origin(hint) in (tuple, dict):  # lists and mappings of numbers check their items
+                continue                                  # (signals.ngram_sizes; loop.signal_weights in its section)
             if kinds & {int, float} and not name.startswith("_"):
                 numeric.add(f"{section.name}.{name}")
     assert numeric - set(RANGES) == set(), "numeric keys without a range"
