@@ -353,6 +353,15 @@ def _train_parser(subparsers) -> None:
     parser.set_defaults(handler=run_train)
 
 
+def _leave_process_group() -> None:
+    """Under torchrun, leave the process group before the interpreter exits: with gloo's threads left to the exit
+    handlers, a process now and then aborted after a finished run ("terminate called without an active
+    exception", exit -6). No barrier first: a process whose peer died would wait on it forever."""
+    torch = sys.modules.get("torch")  # a run that never imported torch (a refused config) has no group
+    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 def run_train(args: argparse.Namespace) -> int:
     from coevolve.config import ConfigError
     from coevolve.loop import run
@@ -378,6 +387,8 @@ def run_train(args: argparse.Namespace) -> int:
         run(args.config, args.overrides, args.output_dir, args.resume)
     except (ConfigError, ModelError, TrainingError, RolloutFailures) as error:
         raise UsageError(str(error)) from None
+    finally:
+        _leave_process_group()
     return 0
 
 
