@@ -544,9 +544,10 @@ do guidance (`grpo.guidance: solution`) and the unexplored rare (`signals.unexpl
 
 Command: `python bench/replicate.py --settings {' '.join(args.settings)} --seeds {' '.join(map(str, args.seeds))}
 --ablation-seeds {' '.join(map(str, args.ablation_seeds))} --jobs {args.jobs}{arms_flag}`. Machine: {machine_line()}.
-Arms: the overrides in `ARMS` (`coevolve` = guidance + the unexplored rare; `random` has guidance too, so that
-coevolve - random measures the steering alone; `oracle data` = static on a D_0 holding the shifted part, with the
-same worked examples). The {len(results)} finished runs took {run_minutes:.0f} minutes of run time ({args.jobs} at
+Arms: the overrides in `ARMS` (`coevolve` = guidance + the unexplored rare; `coevolve + unexplored weight` = the
+same with `loop.signal_weights: {{unexplored: 10}}`, tasks made for a tool no rollout had called drawn 10x as often;
+`random` has guidance too, so that coevolve - random measures the steering alone; `oracle data` = static on a D_0
+holding the shifted part, with the same worked examples). The {len(results)} finished runs took {run_minutes:.0f} minutes of run time ({args.jobs} at
 a time); this invocation {total_minutes:.0f} minutes (finished runs are read back, not rerun).{f' Runs not yet done: {pending} (stopped by --max-minutes; rerun the command to continue).' if pending else ''}
 
 {text}
