@@ -38,7 +38,7 @@ from typing import Any, Mapping, Sequence
 from coevolve.envs.base import Env, step_failure
 from coevolve.policy.backends import SamplingConfig
 from coevolve.policy.chat import tool_description
-from coevolve.records import Candidate, ExplorationEpisode, Step, Task
+from coevolve.records import Candidate, ExplorationEpisode, Step, Task, call_name
 from coevolve.validate import ValidationConfig
 
 @dataclass(frozen=True)
@@ -122,8 +122,7 @@ def template_query(steps: Sequence[Step], docs: Mapping[str, Mapping[str, Any]])
 
 def focus_of(episode: ExplorationEpisode, solution: Sequence[str]) -> str | None:
     """The episode's focus tool when the solution calls it (a task for the unexplored tool), else None."""
-    names = {call.partition("(")[0].strip() for call in solution}
-    return episode.focus if episode.focus in names else None
+    return episode.focus if episode.focus in map(call_name, solution) else None
 
 
 def focus_solutions(steps: Sequence[Step], focus: str, max_calls: int) -> list[list[Step]]:
@@ -191,7 +190,7 @@ class TemplateAbstractor:
             candidates.append(Candidate.create(
                 task.env, intent, template_query(window, docs), solution, task.initial_state,
                 candidate_meta(task, solution), task.id, episode.signal, episode.id, self.name,
-                focus_of(episode, solution),
+                episode.focus,  # a focus episode's windows all end in its focus call (focus_solutions)
             ))
         return Abstraction(episode.id, tuple(candidates), shortest_only=bool(episode.focus))
 

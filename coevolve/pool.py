@@ -458,8 +458,12 @@ def _check_task(task: Task) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+Row = tuple[str, str, str | None, str | None, str | None]
+"""A draw candidate: (id, source, parent_id, signal, focus_tool)."""
+
+
 def draw(
-    rows: Sequence[tuple[str, str, str | None, str | None, str | None]],
+    rows: Sequence[Row],
     count: int,
     rng: random.Random,
     config: BatchMix,
@@ -471,7 +475,7 @@ def draw(
     Every row gets the key u^(1/w), u ~ U[0, 1) (Efraimidis & Spirakis 2006: taking keys in decreasing order is
     weighted sampling without replacement); rows are then taken in key order, skipping any that would break a cap.
     """
-    keyed: dict[str, list[tuple[float, tuple]]] = {"seed": [], "synthetic": []}
+    keyed: dict[str, list[tuple[float, Row]]] = {"seed": [], "synthetic": []}
     for row in rows:
         task_id, source, _, signal, focus_tool = row
         weight = weights.get(task_id, 1.0)

@@ -92,6 +92,11 @@ class Provenance(_JsonRecord):
     tool, `signals.unexplored`); None otherwise. `loop.signal_weights.unexplored` weighs these tasks in the draw."""
 
 
+def call_name(call: str) -> str:
+    """The tool name of a Python-call string: `cd` for `cd(folder='a')`."""
+    return call.split("(", 1)[0].strip()
+
+
 @dataclass(frozen=True)
 class Task(_JsonRecord):
     """One task of an environment: the user turns, the initial state and a ground-truth call sequence."""
@@ -140,7 +145,7 @@ class Task(_JsonRecord):
     @property
     def truth_tools(self) -> tuple[str, ...]:
         """The tool names of the ground-truth calls, in order: `("cd", "mkdir")` for [[cd(folder='a'), mkdir(...)]]."""
-        return tuple(call.split("(", 1)[0].strip() for turn in self.ground_truth for call in turn)
+        return tuple(call_name(call) for turn in self.ground_truth for call in turn)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Task":
