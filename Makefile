@@ -61,6 +61,7 @@ bench: venv
 	$(BIN)/python bench/zero_shot.py
 	$(BIN)/python bench/train_step.py
 	$(BIN)/python bench/synthesis.py --tasks 24
+	$(BIN)/python bench/explore_yield.py
 	$(BIN)/python bench/loop_calls.py
 	$(BIN)/python bench/python_env.py
 	$(BIN)/python bench/mcp_env.py

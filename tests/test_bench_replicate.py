@@ -123,12 +123,17 @@ def test_the_goal_lines_by_hand():
     # +- 1.271; oracle gain over static 0.55 - 0.15 = 0.40, coevolve's 0.30 - 0.15 = 0.15: 38%
     assert lines == ["- coevolve - static on cat or cd: +0.150 +- 0.635 (2 seeds)",
                      "- coevolve - random on cat or cd: +0.100 +- 1.271 (2 seeds)",
-                     "- oracle data - static on cat or cd: +0.400; coevolve reaches 38% of it (2 seeds)",
                      # the weighted arm ran seed 1 only: +0.4 vs static, +0.4 vs random; its bound on seed 1: 0.4
                      "- coevolve + unexplored weight - static on cat or cd: +0.400 (one seed) (1 seeds)",
                      "- coevolve + unexplored weight - random on cat or cd: +0.400 (one seed) (1 seeds)",
-                     "- oracle data - static on cat or cd: +0.400; coevolve + unexplored weight reaches 100% of it "
-                     "(1 seeds)"]
+                     "- oracle data - static on cat or cd: +0.400 (2 seeds), coevolve reaches 38% of it; "
+                     "+0.400 (1 seeds), coevolve + unexplored weight reaches 100% of it"]
+    # The bound with guidance (coevolve's own learner), where it shows no gain: one line, said once.
+    rows["oracle data + guidance"] = [result("oracle data + guidance", seed, shifted)
+                                      for seed, shifted in ((0, 0.1), (1, 0.2))]
+    rows["coevolve + unexplored weight"].append(result("coevolve + unexplored weight", 0, 0.1))
+    assert replicate.goal_lines(rows, replicate.SETTINGS["tools"]).splitlines()[-1] == (
+        "- oracle data + guidance - static on cat or cd: +0.000 (2 seeds): the bound itself shows no gain")
 
 
 def _finished_run(folder: Path, after: float, heldout: list[tuple[int, bool]], added_by_calls: dict,
