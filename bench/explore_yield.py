@@ -12,11 +12,15 @@ validation against D_0) run once on contexts built from D_0's own tasks, with th
   task's ground-truth tools as focus tools, its arguments as focus values — what coevolve explores from;
 - `random`: no signal, no focus (the paper's random-exploration ablation; `explore.random_contexts`);
 - `focus cd`: the task's context with `cd` as its only focus tool — what a signal naming the first call of the
-  missing order could at best give a tool-level explorer.
+  missing order could at best give a tool-level explorer;
+- `unexplored order`: the rare context of an order no rollout made (`signals.unexplored_orders`), the orders of a
+  policy that never makes two calls (every ordered pair of two exposed tools) dealt to the tasks in turn.
 Each kind is run with the shipped explorer and with the `coevolve wide` diagnosis arm's settings (focus weight
-0.3, two episodes per context). Counted: the explorer's `cd` calls (ran / failed, and why the failures failed),
-the admitted tasks, those of two or more calls, and those of two or more calls that start with `cd` (the shape of
-the held-out part), with their share of all admitted tasks.
+0.3, two episodes per context); the order contexts with the shipped explorer and with `focus_retries: 8`, as the
+`coevolve + unexplored orders` arm of bench/replicate.py runs them. Counted: the explorer's `cd` calls (ran /
+failed, and why the failures failed), the call after a `cd` that ran, the admitted tasks, those of two or more
+calls, and those of two or more calls that start with `cd` (the shape of the held-out part), with their share of
+all admitted tasks.
 Usage: `python bench/explore_yield.py [--config configs/lite-shift.yaml] [--contexts 0 (all)] [--no-write]`.
 """
 
@@ -36,26 +40,45 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench._report import machine_line, write_section  # noqa: E402
 
-KINDS = ("signal", "random", "focus cd")
+KINDS = ("signal", "random", "focus cd", "unexplored order")
 FIRST_CALL = "cd"
 """The first call of every held-out two-call task in this setting."""
 
 
-def contexts_of(kind: str, tasks: list, iteration: int = 1) -> list:
+def contexts_of(kind: str, tasks: list, env, iteration: int = 1) -> list:
     from coevolve.explore import build_context
     from coevolve.records import ExplorationContext, SignalEvent
+    from coevolve.run_setup import exposed_tools
+    from coevolve.signals import unexplored_orders
 
+    # The unexplored orders of a policy that never made two calls: every ordered pair of two exposed tools.
+    orders = [pattern for pattern, _ in unexplored_orders(exposed_tools(env, tasks[:1]), (), iteration)]
     contexts = []
     for index, task in enumerate(tasks):
         if kind == "random":
             contexts.append(ExplorationContext(id=f"random-{task.id}-n{index}", task_id=task.id, signal=None,
                                                iteration=iteration))
             continue
+        if kind == "unexplored order":  # each task in turn gets the next of the orders no rollout made
+            pattern = orders[index % len(orders)]
+            contexts.append(build_context(SignalEvent("rare", task.id, iteration, (), {
+                "unexplored": pattern, "frequencies": {pattern: 0.0}}), task, {}))
+            continue
         context = build_context(SignalEvent("boundary", task.id, iteration, (), {"scores": []}), task, {})
         if kind == "focus cd":
             context = replace(context, id=f"focus-cd-{task.id}", focus_tools=(FIRST_CALL,), focus_values=())
         contexts.append(context)
     return contexts
+
+
+def order_counts(contexts: list) -> dict:
+    """How many orders the contexts name, over how many tools, and how many of them `cd` leads."""
+    from coevolve.signals import PATTERN_SEPARATOR
+
+    orders = {context.focus_tool for context in contexts if context.focus_tool}
+    tools = {tool for order in orders for tool in order.split(PATTERN_SEPARATOR)}
+    return {"orders": len(orders), "tools": len(tools),
+            "cd_orders": sum(1 for order in orders if order.split(PATTERN_SEPARATOR)[0] == FIRST_CALL)}
 
 
 def solution_tools(task) -> tuple[str, ...]:
@@ -91,6 +114,7 @@ def measure(env, tasks: dict, contexts: list, explore_config, synthesis) -> dict
             "cd_ran": len(calls) - sum(failures.values()), "cd_failures": dict(failures.most_common()),
             "after_cd": dict(after.most_common()),
             "admitted": len(shapes), "multi": len(multi), "cd_led": len(led),
+            "order_free": result.rejected_by_code().get("order_free", 0),
             "cd_led_actions": dict(Counter(shape[1] for shape in led).most_common())}
 
 
@@ -145,11 +169,15 @@ def main() -> None:
     started = time.perf_counter()
     rows = []
     for kind in KINDS:
-        contexts = contexts_of(kind, chosen)
-        for label, explore_config in explorers.items():
+        contexts = contexts_of(kind, chosen, env)
+        # An order's contexts are run as the `coevolve + unexplored orders` arm runs them (focus_retries 8).
+        variants = ({"shipped": shipped, "retries 8": replace(shipped, focus_retries=8)} if kind == "unexplored order"
+                    else explorers)
+        for label, explore_config in variants.items():
             if kind == "random" and label == "wide":
                 explore_config = replace(explore_config, focus_weight=shipped.focus_weight)  # no focus: same draws
-            row = {"kind": kind, "explorer": label, **measure(env, tasks, contexts, explore_config, config.synthesis)}
+            row = {"kind": kind, "explorer": label, **measure(env, tasks, contexts, explore_config, config.synthesis),
+                   **order_counts(contexts)}
             rows.append(row)
             print(row, flush=True)
     held = heldout_shapes(args.config)
@@ -198,6 +226,7 @@ def render(rows: list[dict], held: Counter, shipped, args, starts: int, seconds:
                      f"{share(row['cd_led'], row['admitted'])} | {actions} |")
     signal = next(row for row in rows if row["kind"] == "signal" and row["explorer"] == "shipped")
     focused = next(row for row in rows if row["kind"] == "focus cd" and row["explorer"] == "shipped")
+    orders = next(row for row in rows if row["kind"] == "unexplored order" and row["explorer"] == "retries 8")
     lines += [
         "",
         f"Reading: from coevolve's contexts the explorer calls `cd` in {signal['cd_calls']} of "
@@ -216,6 +245,17 @@ def render(rows: list[dict], held: Counter, shipped, args, starts: int, seconds:
         "if the draw were uniform over what is admitted. What D_0 lacks here is an order (`cd`, then an action), "
         "and neither the signals, which flag tools and the patterns the policy produced, nor a random walk over "
         "tools produce that order at a useful rate.",
+        "",
+        f"An order's context (`signals.unexplored_orders`) makes its two calls in turn: with `focus_retries: 8`, "
+        f"{share(orders['cd_led'], orders['admitted'])} of what it admits is led by `cd` ({orders['cd_led']} of "
+        f"{orders['admitted']}; validation refused {orders['order_free']} candidates whose last call needs no "
+        f"order, `order_free`), against {share(signal['cd_led'], signal['admitted'])} from coevolve's contexts. "
+        f"The orders are many ({orders['orders']} for {orders['tools']} tools, {orders['cd_orders']} of them led by "
+        f"`cd`), a context yields {orders['admitted'] / max(1, orders['contexts']):.2f} tasks, and a run explores "
+        "a few an iteration (`synthesis.max_contexts`, the kinds taking turns), so a run admits a handful beside "
+        "the ~150 tasks the other contexts give: the replication's arm (`coevolve + unexplored orders`) weighs them "
+        "30 in the draw so that they fill about half of the synthetic slots. Whether that is enough for the "
+        "learner is the replication's question, not this one's.",
     ]
     return "\n".join(lines)
 

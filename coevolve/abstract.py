@@ -16,7 +16,8 @@ Two abstractors:
   into the solutions that end in a successful call of that tool: the call alone, then with one or two of the
   episode's earlier successful calls before it (nearest first), shortest first (`focus_solutions`); validation
   keeps, per focus call, only the shortest that passes (`Abstraction.shortest_only`, `coevolve.synthesis`): a
-  one-call `cat` task, or `cd` then `cat` when the file lies in a folder.
+  one-call `cat` task, or `cd` then `cat` when the file lies in a folder. An order focus (`cd > ls`, from
+  `signals.unexplored_orders`) keeps the solutions that end in the order's calls, in turn: `cd`, then `ls`.
 - `LLMAbstractor`: any chat backend (`OpenAIBackend` for an OpenAI-compatible endpoint, e.g. `vllm serve` or
   `coevolve serve`). The prompt shows the tools, the context and the numbered log and asks for JSON
   `{"tasks": [{"intent", "query", "solution": [call, ...]}]}`. Replies are checked against that schema
@@ -39,6 +40,7 @@ from coevolve.envs.base import Env, step_failure
 from coevolve.policy.backends import SamplingConfig
 from coevolve.policy.chat import tool_description
 from coevolve.records import Candidate, ExplorationEpisode, Step, Task, call_name
+from coevolve.signals import PATTERN_SEPARATOR
 from coevolve.validate import ValidationConfig
 
 @dataclass(frozen=True)
@@ -121,25 +123,34 @@ def template_query(steps: Sequence[Step], docs: Mapping[str, Mapping[str, Any]])
 
 
 def focus_of(episode: ExplorationEpisode, solution: Sequence[str]) -> str | None:
-    """The episode's focus tool when the solution calls it (a task for the unexplored tool), else None."""
-    return episode.focus if episode.focus in map(call_name, solution) else None
+    """The episode's focus when the solution makes it (calls the unexplored tool; makes the unexplored order's
+    calls one right after the other), else None."""
+    if not episode.focus:
+        return None
+    order, names = episode.focus.split(PATTERN_SEPARATOR), [call_name(text) for text in solution]
+    return episode.focus if any(names[start:start + len(order)] == order for start in range(len(names))) else None
 
 
 def focus_solutions(steps: Sequence[Step], focus: str, max_calls: int) -> list[list[Step]]:
     """Every solution that ends in a call of `focus` among `steps` (an episode's successful calls): that call,
     preceded by up to `max_calls - 1` of the calls before it, in episode order; shorter solutions first, then
-    earlier focus calls, then nearer preceding calls. Repeated solutions (the same call texts) appear once."""
+    earlier focus calls, then nearer preceding calls. Repeated solutions (the same call texts) appear once.
+    A focus that is an order (`cd > ls`) keeps the solutions whose last calls are that order's tools, in turn."""
     from itertools import combinations
 
+    order = focus.split(PATTERN_SEPARATOR)
     found: list[tuple[int, int, int, list[Step]]] = []
     for end, step in enumerate(steps):
-        if step.call is None or step.call.name != focus:
+        if step.call is None or step.call.name != order[-1]:
             continue
-        for extra in range(0, max(0, max_calls - 1) + 1):
+        for extra in range(len(order) - 1, max(0, max_calls - 1) + 1):
             for picked in combinations(range(end - 1, -1, -1), extra):  # nearest first
                 chosen = sorted(picked)
+                solution = [steps[index] for index in chosen] + [step]
+                if [s.call.name if s.call is not None else None for s in solution[-len(order):]] != order:
+                    continue
                 distance = sum(end - index for index in chosen)
-                found.append((extra + 1, end, distance, [steps[index] for index in chosen] + [step]))
+                found.append((extra + 1, end, distance, solution))
     solutions: list[list[Step]] = []
     seen: set[tuple[str, ...]] = set()
     for _, _, _, solution in sorted(found, key=lambda item: item[:3]):

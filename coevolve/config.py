@@ -274,6 +274,8 @@ class SynthesisSection:
     """Wall-clock cap of one synthesis phase; what is left when it runs out is skipped and counted."""
     focus_weight: float = ExploreConfig.focus_weight
     """Offline explorer: probability that a step's tool is one the signal's evidence names."""
+    focus_retries: int = ExploreConfig.focus_retries
+    """Offline explorer: draws again of a focus call (unexplored tool or order) that the env refused."""
     max_solution_calls: int = ValidationConfig.max_solution_calls
     """Longest solution the abstractors write and the validator accepts."""
     dedup_threshold: float = ValidationConfig.dedup_threshold
@@ -293,7 +295,7 @@ class SynthesisSection:
 
     def exploration(self) -> ExploreConfig:
         return ExploreConfig(step_budget=self.step_budget, episodes_per_context=self.episodes_per_context,
-                             focus_weight=self.focus_weight)
+                             focus_weight=self.focus_weight, focus_retries=self.focus_retries)
 
     def validation(self) -> ValidationConfig:
         return ValidationConfig(dedup_threshold=self.dedup_threshold, check_execution=self.check_execution,
@@ -357,7 +359,8 @@ RANGES = {
     "signals.window": ">= 0", "signals.threshold": "[0, 1]", "signals.theta_percent": "[0, 100]",
     "signals.rare_below": ">= 1", "loop.recur_fraction": "[0, 1]",
     "synthesis.step_budget": ">= 1", "synthesis.episodes_per_context": ">= 1", "synthesis.max_contexts": ">= 0",
-    "synthesis.time_budget_seconds": ">= 0", "synthesis.focus_weight": "[0, 1]", "synthesis.max_solution_calls": ">= 1",
+    "synthesis.time_budget_seconds": ">= 0", "synthesis.focus_weight": "[0, 1]", "synthesis.focus_retries": ">= 0",
+    "synthesis.max_solution_calls": ">= 1",
     "synthesis.dedup_threshold": "(0, 1]", "synthesis.max_call_chars": ">= 1", "synthesis.llm_timeout_seconds": "> 0",
     "synthesis.llm_max_retries": ">= 0", "synthesis.llm_max_format_retries": ">= 0",
 }

@@ -11,7 +11,11 @@ working on (`focus_values`):
     rare        the rare action patterns and their frequencies: the tools the policy barely uses; for a tool no
                 rollout called (`signals.unexplored`), that tool as the context's `focus_tool`: the explorer
                 must call it (the offline one calls it at its last step if no earlier call of it ran), and the
-                abstractor keeps the shortest solutions that end in a call of it (`coevolve.abstract`).
+                abstractor keeps the shortest solutions that end in a call of it (`coevolve.abstract`). For an
+                order no rollout made (`signals.unexplored_orders`, focus `cd > ls`) the same with the order:
+                the offline explorer makes its calls in turn in its last steps unless they ran one after the
+                other before, and the solutions kept end in them. `ExploreConfig.focus_retries` lets it draw a
+                refused focus call again (off by default, as in the tool-shift replication).
 
 An explorer then plays episodes in a fresh environment from that task's initial state (`env.reset(task)`), with
 a step budget, and records every (action, observation) pair (`ExplorationEpisode`). Two explorers:
@@ -65,10 +69,13 @@ class ExploreConfig:
     """Offline explorer: probability of filling an optional argument."""
     fresh_value_rate: float = 0.25
     """Offline explorer: probability that a string argument is a fresh name (to create something new)."""
+    focus_retries: int = 0
+    """Offline explorer: how many times a call it must make for the context's focus (an unexplored tool or order)
+    is drawn again, with new arguments, when the env refuses it (the error is what an explorer learns from)."""
 
     def __post_init__(self) -> None:
-        if self.step_budget < 1 or self.episodes_per_context < 1:
-            raise ValueError(f"step_budget and episodes_per_context must be >= 1: {self}")
+        if self.step_budget < 1 or self.episodes_per_context < 1 or self.focus_retries < 0:
+            raise ValueError(f"step_budget and episodes_per_context must be >= 1, focus_retries >= 0: {self}")
         for name in ("focus_weight", "optional_argument_rate", "fresh_value_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must lie in [0, 1], got {getattr(self, name)!r}")
@@ -166,10 +173,11 @@ def build_context(event: SignalEvent, task: Task, trajectories: Mapping[str, Tra
         focus_tools += [call.name for call in truth]
         focus_calls += list(truth)
     elif event.kind == "rare" and event.evidence.get("unexplored"):
-        tool = str(event.evidence["unexplored"])
+        tool = str(event.evidence["unexplored"])  # a tool, or an order of tools (`cd > ls`)
         return ExplorationContext(
-            id=f"rare-{tool}-{task.id}-i{event.iteration}", task_id=task.id, signal="rare",
-            iteration=event.iteration, focus_tools=(tool,), evidence={"patterns": {tool: 0.0}, "unexplored": tool})
+            id=f"rare-{tool.replace(PATTERN_SEPARATOR, '-then-')}-{task.id}-i{event.iteration}", task_id=task.id,
+            signal="rare", iteration=event.iteration, focus_tools=_unique(tool.split(PATTERN_SEPARATOR)),
+            evidence={"patterns": {tool: 0.0}, "unexplored": tool})
     elif event.kind == "rare":
         frequencies = dict(event.evidence.get("frequencies", {}))
         evidence = {"patterns": frequencies}
@@ -214,6 +222,10 @@ def describe(context: ExplorationContext, task: Task, step_budget: int) -> str:
         if split:
             lines.append(f"Its successful and failed attempts part at step {split['step_index'] + 1}: "
                          f"{split.get('success_call')} (worked) versus {split.get('failure_call')} (failed).")
+    elif context.signal == "rare" and context.focus_tool and PATTERN_SEPARATOR in context.focus_tool:
+        first, *rest = context.focus_tool.split(PATTERN_SEPARATOR)
+        lines.append(f"No agent has called {first} and then {' then '.join(rest)} right after it yet. Do that at "
+                     "least once, on something that is there, as the last calls if nothing else.")
     elif context.signal == "rare" and context.focus_tool:
         lines.append(f"No agent has called {context.focus_tool} yet. Call it at least once, on something that is "
                      "there, as the last call if nothing else.")
@@ -349,6 +361,16 @@ def _fillable(schema: Mapping[str, Any], defs: Mapping[str, Any], depth: int) ->
     return kind in FILLABLE_TYPES
 
 
+def _holds(names: Sequence[str], order: Sequence[str]) -> bool:
+    """Whether `order` occurs in `names` as consecutive entries (a one-tool order: whether the tool occurs)."""
+    return any(list(names[start:start + len(order)]) == list(order) for start in range(len(names) - len(order) + 1))
+
+
+def _made_prefix(names: Sequence[str], order: Sequence[str]) -> int:
+    """The length of the longest proper prefix of `order` that `names` ends with (0 when none)."""
+    return next((size for size in range(len(order) - 1, 0, -1) if list(names[-size:]) == list(order[:size])), 0)
+
+
 def _fresh(rng: random.Random, base: str) -> str:
     stem, dot, extension = base.partition(".")
     return f"{stem}_{rng.randint(2, 9)}{dot}{extension}"
@@ -378,24 +400,38 @@ class OfflineExplorer:
         from_state = state_values(task.initial_state)
         recent: list[str] = []
         steps: list[Step] = []
-        focus, focus_ran = context.focus_tool, False
+        focus = context.focus_tool
+        order = focus.split(PATTERN_SEPARATOR) if focus else []  # one tool, or an order of tools to call in turn
+        ran: list[str] = []  # the names of the calls that ran, in order
+        refused: set[str] = set()  # the calls the env refused (a retry draws others)
         for step_number in range(self.config.step_budget):
             docs = episode.tools()
             if episode.done or not docs:
                 break
             doc = self._pick_tool(docs, context, rng)
-            last = step_number == self.config.step_budget - 1
-            if focus and last and not focus_ran:  # a focus episode calls its tool, whatever the draws said
-                doc = next((d for d in docs if d["name"] == focus), doc)
-            call = ToolCall(doc["name"], self._arguments(doc, context, recent, from_state, rng))
-            made = episode.act([call])
-            steps.extend(made)
-            for step in made:
-                if step_failure(step) is None:
-                    focus_ran = focus_ran or (step.call is not None and step.call.name == focus)
-                    seen = observation_values(step.observation)
-                    if seen:
-                        recent = seen
+            # A focus episode makes its calls, whatever the draws: in its last len(order) steps, unless the order
+            # has run, the next tool of the order after the part of it the last calls made.
+            forcing = bool(order) and self.config.step_budget - step_number <= len(order) and not _holds(ran, order)
+            if forcing:
+                doc = next((d for d in docs if d["name"] == order[_made_prefix(ran, order)]), doc)
+            for attempt in range(1 + (self.config.focus_retries if forcing else 0)):
+                call = ToolCall(doc["name"], self._arguments(doc, context, recent, from_state, rng))
+                for _ in range(8 if attempt else 0):  # a retry does not repeat a call the env refused
+                    if call.to_python() not in refused:
+                        break
+                    call = ToolCall(doc["name"], self._arguments(doc, context, recent, from_state, rng))
+                made = episode.act([call])
+                if any(step_failure(step) is not None for step in made):
+                    refused.add(call.to_python())
+                steps.extend(made)
+                for step in made:
+                    if step_failure(step) is None:
+                        ran.append(step.call.name if step.call is not None else "")
+                        seen = observation_values(step.observation)
+                        if seen:
+                            recent = seen
+                if episode.done or all(step_failure(step) is None for step in made):
+                    break
         return ExplorationEpisode(f"{context.id}-{self.name}-e{index}", context.id, task.id, context.signal,
                                   self.name, tuple(steps), time.perf_counter() - started, focus=focus)
 

@@ -61,7 +61,8 @@ Where this departs from the paper (the one list; the modules named say more):
    signals, train success and the report read the policy's own rollouts only.
 8. `signals.unexplored: true` (off by default): rare also fires on a tool the iteration's tasks expose and no
    rollout called (the paper's rare needs c_p > 0); its exploration must call the tool and its abstraction keeps
-   the shortest solutions that end in it (`coevolve.signals`, `coevolve.explore`, `coevolve.abstract`).
+   the shortest solutions that end in it (`coevolve.signals`, `coevolve.explore`, `coevolve.abstract`); with
+   `signals.unexplored_orders` also on an ordered pair of tools no rollout made (validation: `order_free`).
 
 The run directory:
     config.yaml          the resolved config

@@ -89,7 +89,8 @@ class Provenance(_JsonRecord):
     """Validation verdict summary (`accepted`, or the rejection reason)."""
     focus_tool: str | None = None
     """The tool the exploration was sent to call because no rollout had called it (a rare event for an unexplored
-    tool, `signals.unexplored`); None otherwise. `loop.signal_weights.unexplored` weighs these tasks in the draw."""
+    tool, `signals.unexplored`), or the order of tools no rollout made (`cd > ls`, `signals.unexplored_orders`);
+    None otherwise. `loop.signal_weights.unexplored` weighs these tasks in the draw."""
 
 
 def call_name(call: str) -> str:
@@ -356,7 +357,7 @@ class ExplorationContext(_JsonRecord):
     @property
     def focus_tool(self) -> str | None:
         """The tool no rollout of the iteration called, for a rare event on an unexplored tool
-        (`signals.unexplored`): the explorer must call it."""
+        (`signals.unexplored`), or the order no rollout made (`cd > ls`): the explorer must make it."""
         tool = self.evidence.get("unexplored")
         return tool if isinstance(tool, str) and tool else None
 
@@ -384,8 +385,8 @@ class ExplorationEpisode(_JsonRecord):
     error: str | None = None
     """Why the episode produced nothing (endpoint failure, time budget), or None."""
     focus: str | None = None
-    """The tool the episode had to call (the context's unexplored tool, `ExplorationContext.focus_tool`): the
-    abstractor then keeps the shortest solutions that end in a call of it."""
+    """The tool (or order of tools) the episode had to call (the context's `ExplorationContext.focus_tool`): the
+    abstractor then keeps the shortest solutions that end in it."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ExplorationEpisode":
@@ -415,7 +416,7 @@ class Candidate(_JsonRecord):
     abstractor: str | None = None
     """Which abstractor wrote it (`template`, `llm`), or None for a candidate from elsewhere."""
     focus_tool: str | None = None
-    """The episode's focus tool (`ExplorationEpisode.focus`), carried into the task's provenance."""
+    """The episode's focus tool or order (`ExplorationEpisode.focus`), carried into the task's provenance."""
 
     @classmethod
     def create(cls, env: str, intent: str, query: str, solution: Sequence[str], initial_state: Mapping[str, Any],

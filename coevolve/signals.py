@@ -41,6 +41,12 @@ Where this pins down or departs from the paper
    rare event (`unexplored_tools`), on a task of the iteration that exposes it, with no trajectory and the
    evidence `{"unexplored": tool, "frequencies": {tool: 0.0}}`: exploration from there must call the tool
    (`coevolve.explore`). `extract_signals` needs `exposed` (task id -> the tools it exposes) for it.
+   `SignalConfig.unexplored_orders` extends it from tools to orders: every ordered pair `a > b` of two different
+   tools that a task of the iteration exposes and that no rollout made one right after the other (the bigram's
+   c_p = 0) raises one rare event too, after the tools' (`unexplored_orders`), with the same evidence shape
+   (`{"unexplored": "a > b", ...}`): exploration from there must call a, then b (`coevolve.explore`). Why: a
+   policy that has every tool can still lack an order (`cd`, then an action in the folder), which no tool-level
+   signal names. The pairs are many (up to n(n-1) for n tools) and come in an order drawn per iteration.
 
 Cost: O(n) in the number of rollouts, about 7 µs per trajectory: 0.7 s for bench/signals.py's synthetic iteration
 of 100,000 trajectories (12,500 tasks, K = 8, 40 tools; 0.8 s for its dense variant) on a 2-core x86_64 VM with
@@ -51,6 +57,7 @@ from __future__ import annotations
 
 import gc
 import math
+import random
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -127,6 +134,27 @@ def unexplored_tools(exposed: Mapping[str, Sequence[str]], called: Iterable[str]
     return [(tool, task_ids[index % len(task_ids)]) for index, (tool, task_ids) in enumerate(tasks_of.items())]
 
 
+def unexplored_orders(exposed: Mapping[str, Sequence[str]], made: Iterable[str], iteration: int
+                      ) -> list[tuple[str, str]]:
+    """(pattern `a > b`, task id) for each ordered pair of two different tools that some task exposes and that no
+    rollout made one right after the other (the bigram's c_p = 0), each on a task that exposes both. The pairs come
+    in an order drawn from `iteration` (every iteration a different one, the same for the same arguments), so that
+    a cap on explored contexts does not give the same few pairs every time; the k-th pair goes to the k-th task
+    that exposes it (cyclically)."""
+    made = set(made)
+    tasks_of: dict[str, list[str]] = {}
+    for task_id, tools in exposed.items():
+        names = list(dict.fromkeys(tools))
+        for first in names:
+            for second in names:
+                pattern = f"{first}{PATTERN_SEPARATOR}{second}"
+                if first != second and pattern not in made:
+                    tasks_of.setdefault(pattern, []).append(task_id)
+    pairs = list(tasks_of.items())
+    random.Random(f"unexplored-orders:{iteration}").shuffle(pairs)
+    return [(pattern, task_ids[index % len(task_ids)]) for index, (pattern, task_ids) in enumerate(pairs)]
+
+
 def action_patterns(tool_names: Sequence[str], ngram_sizes: Sequence[int] = (1, 2)) -> list[str]:
     """Every n-gram of `tool_names` for each size, as pattern strings, with repeats: the definition of c_p."""
     names = tuple(tool_names)
@@ -170,6 +198,9 @@ class SignalConfig:
     """Which detectors run (the paper's signal ablations switch one off)."""
     unexplored: bool = False
     """Rare also fires on the tools no rollout of the iteration called (note 5; not the paper's formula)."""
+    unexplored_orders: bool = False
+    """With `unexplored`: rare also fires on the ordered pairs of exposed tools that no rollout made one right
+    after the other (note 5)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 0:
@@ -184,6 +215,8 @@ class SignalConfig:
             raise ValueError(f"ngram_sizes must be positive ints, got {self.ngram_sizes!r}")
         if len(set(sizes)) != len(sizes):
             raise ValueError(f"ngram_sizes repeats a size: {self.ngram_sizes!r}")
+        if self.unexplored_orders and not self.unexplored:
+            raise ValueError("unexplored_orders extends the unexplored rare: set unexplored too")
         unknown = set(self.enabled) - set(SIGNAL_KINDS)
         if unknown:
             raise ValueError(f"unknown signal kinds {sorted(unknown)}; expected some of {SIGNAL_KINDS}")
@@ -328,6 +361,13 @@ def _extract(trajectories: Iterable[Trajectory], history: Mapping[str, Sequence[
         for tool, task_id in unexplored_tools({task: exposed[task] for task in groups if task in exposed}, called):
             events.append(SignalEvent("rare", task_id, iteration, (), {
                 "unexplored": tool, "frequencies": {tool: 0.0}}))
+        if config.unexplored_orders:
+            made = {pattern for group in groups.values() for _, names in group
+                    for pattern in action_patterns(names, (2,))}
+            for pattern, task_id in unexplored_orders({task: exposed[task] for task in groups if task in exposed},
+                                                      made, iteration):
+                events.append(SignalEvent("rare", task_id, iteration, (), {
+                    "unexplored": pattern, "frequencies": {pattern: 0.0}}))
 
     return SignalReport(iteration, tuple(events), success_rates, pattern_counts, theta_by_size,
                         {size: frozenset(rare) for size, rare in rare_by_size.items()})

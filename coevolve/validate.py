@@ -29,6 +29,9 @@ Stage 3, execution (a fresh episode from the candidate's initial state, one call
                        solution changed the state and undid it (touch then rm): nothing to ask for
     redundant          a call that changes nothing repeats an earlier call's answer (`ls(a=True)` then `ls()`)
     not_reproducible   a second fresh execution gives other results or another final state
+    order_free         a task made for an order of tools (`cd > ls`, focus of `signals.unexplored_orders`) whose
+                       last call gives the same answer and makes the same change without the order's earlier
+                       calls (`touch(file_name='a')` then `touch(file_name='b')`): it teaches no order
     unsolvable         the env's own score of the solution (its checks, with the solution as ground truth) < 1
 
 `task_similarity` = (query_similarity + solution_similarity) / 2, where query_similarity is the Jaccard index of
@@ -48,17 +51,18 @@ import hashlib
 import json
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 from coevolve.calls import CallError, CallLimits, parse_call
 from coevolve.envs.base import Env, step_failure
 from coevolve.pool import normalise_call, normalise_query
 from coevolve.records import Candidate, Provenance, Task, ToolCall, Verdict, canonical_json, content_hash
+from coevolve.signals import PATTERN_SEPARATOR
 
 REJECTION_CODES = ("malformed", "too_large", "private_function", "unparseable", "unknown_function", "path_escape",
                    "unsafe_argument", "duplicate", "execution_error", "no_effect", "redundant", "not_reproducible",
-                   "unsolvable")
+                   "order_free", "unsolvable")
 PER_TASK_META_KEYS = ("num_calls",)
 """Metadata that describes a task's solution rather than its starting point (BFCL-lite's size note)."""
 
@@ -351,6 +355,21 @@ class Validator:
                     f"execution_error: call {index} of {len(c.solution)} ({text[:80]!r}) failed: {failure[:200]}")
         return episode, observations, states, initial, None
 
+    def _order_free(self, c: Candidate, observations: Sequence[str], states: Sequence[Any], initial: Any) -> bool:
+        """Whether the solution's last call answers and changes the state the same with the order's earlier calls
+        left out (run from the same start): then the order is not what the task needs."""
+        order = c.focus_tool.split(PATTERN_SEPARATOR) if c.focus_tool else []
+        if len(order) < 2 or len(c.solution) < len(order) or len(observations) != len(c.solution):
+            return False
+        kept = list(c.solution[:-len(order)]) + [c.solution[-1]]
+        _, alone, alone_states, alone_initial, failure = self._run(replace(c, solution=tuple(kept)))
+        if failure is not None:
+            return False  # without the order the last call fails: it needs the order
+        before = states[-2] if len(states) > 1 else initial
+        before_alone = alone_states[-2] if len(alone_states) > 1 else alone_initial
+        return (alone[-1] == observations[-1]
+                and _change(before_alone, alone_states[-1]) == _change(before, states[-1]))
+
     def _execute(self, c: Candidate) -> list[str]:
         episode, observations, states, initial, failure = self._run(c)
         if failure is not None:
@@ -370,6 +389,9 @@ class Validator:
         if again_failure is not None or again != observations or again_states[-1] != states[-1]:
             what = "results" if again != observations else "final state"
             return [f"not_reproducible: a second execution from the same initial state gave other {what}"]
+        if c.focus_tool and PATTERN_SEPARATOR in c.focus_tool and self._order_free(c, observations, states, initial):
+            return [f"order_free: {c.solution[-1][:80]!r} answers and acts the same without the calls before it in "
+                    f"the order {c.focus_tool!r}"]
         key = start_key(c.env, c.initial_state, c.meta)
         same = self._outcome_of(key, observations, states[-1])
         if same is not None:
@@ -380,6 +402,32 @@ class Validator:
             return [f"unsolvable: the env scores the solution {score.value} ({'; '.join(score.reasons)[:200]})"]
         self._outcomes.setdefault(key, {})[_outcome_hash(observations, states[-1])] = candidate_task(c).id
         return []
+
+
+def _change(before: Any, after: Any) -> dict[str, tuple[str | None, str | None]]:
+    """What a call changed: every leaf path of the state whose value differs, with its value before and after."""
+    old, new = _leaves(before), _leaves(after)
+    return {path: (old.get(path), new.get(path)) for path in set(old) | set(new) if old.get(path) != new.get(path)}
+
+
+def _leaves(value: Any, at: str = "", path: frozenset[int] = frozenset(), depth: int = 0) -> dict[str, str]:
+    """Every leaf of a state by its path, walked as `_canonical` walks it (objects by their public attributes,
+    back-references cut)."""
+    if depth > 64 or id(value) in path:
+        return {at: f"<{type(value).__name__}>"}
+    inner = path | {id(value)}
+    if isinstance(value, Mapping):
+        items = [(f"{at}/{key!r}", item) for key, item in value.items()]
+    elif isinstance(value, (list, tuple)):
+        items = [(f"{at}[{index}]", item) for index, item in enumerate(value)]
+    elif hasattr(value, "__dict__") and not isinstance(value, type):
+        items = [(f"{at}.{key}", item) for key, item in vars(value).items() if not key.startswith("_")]
+    else:
+        return {at: repr(_canonical(value))}
+    leaves = {at: type(value).__name__} if not items else {}
+    for where, item in items:
+        leaves.update(_leaves(item, where, inner, depth + 1))
+    return leaves
 
 
 def _canonical(value: Any, path: frozenset[int] = frozenset(), depth: int = 0) -> Any:

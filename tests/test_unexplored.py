@@ -9,7 +9,7 @@ from coevolve.envs.base import step_failure
 from coevolve.envs.bfcl_lite import BFCLLiteEnv
 from coevolve.explore import ExploreConfig, OfflineExplorer, build_context, describe
 from coevolve.records import Candidate, ExplorationEpisode, SignalEvent, Step, ToolCall, Trajectory
-from coevolve.signals import SignalConfig, extract_signals, unexplored_tools
+from coevolve.signals import SignalConfig, extract_signals, unexplored_orders, unexplored_tools
 from coevolve.synthesis import signal_contexts, validate
 from coevolve.validate import Validator
 
@@ -43,6 +43,65 @@ def test_a_tool_no_rollout_called_raises_a_rare_event_only_when_switched_on():
                                            exposed).events if "unexplored" in e.evidence]
     no_rare = SignalConfig(enabled=("boundary",), unexplored=True)
     assert [e.kind for e in extract_signals(rollouts, {}, no_rare, 3, exposed).events] == ["boundary"]
+
+
+def test_an_order_no_rollout_made_raises_a_rare_event_after_the_tools():
+    exposed = {"A": ["ls", "cd"], "B": ["cd", "ls", "cat"]}
+    # Ordered pairs of two different exposed tools, minus the bigram a rollout made (ls > cd): A gives cd > ls; B
+    # adds cd > cat, ls > cat, cat > cd, cat > ls. Each goes to a task exposing both tools.
+    orders = unexplored_orders(exposed, {"ls > cd"}, iteration=2)
+    assert sorted(pattern for pattern, _ in orders) == ["cat > cd", "cat > ls", "cd > cat", "cd > ls", "ls > cat"]
+    assert all(set(pattern.split(" > ")) <= set(exposed[task]) for pattern, task in orders)
+    assert orders == unexplored_orders(exposed, {"ls > cd"}, iteration=2)  # drawn from the iteration, repeatable
+    assert len({tuple(p for p, _ in unexplored_orders(exposed, (), iteration=i)) for i in range(1, 9)}) > 1
+    rollouts = [rollout("A1", "A", 1.0, ("ls", "cd")), rollout("B1", "B", 0.0, ("cat",))]
+    config = SignalConfig(theta_percent=1.0, enabled=("rare",), unexplored=True, unexplored_orders=True)
+    events = [e for e in extract_signals(rollouts, {}, config, 2, exposed).events if "unexplored" in e.evidence]
+    assert all(" > " in e.evidence["unexplored"] for e in events)  # every tool was called: no tool event
+    assert sorted(e.evidence["unexplored"] for e in events) == sorted(p for p, _ in orders)
+    assert all(e.evidence["frequencies"] == {e.evidence["unexplored"]: 0.0} and not e.trajectory_ids for e in events)
+
+
+def test_an_order_focus_episode_makes_the_order_and_yields_its_shortest_task():
+    env = BFCLLiteEnv("train")
+    task = next(t for t in env.tasks() if t.truth_tools == ("ls",))
+    event = SignalEvent("rare", task.id, 1, (), {"unexplored": "cd > ls", "frequencies": {"cd > ls": 0.0}})
+    context = build_context(event, task, {})
+    assert context.focus_tool == "cd > ls" and context.focus_tools == ("cd", "ls")
+    assert "called cd and then ls right after it" in describe(context, task, 6)
+    # No focus weight: only the forced last calls make the order; a refused `cd` is drawn again (focus_retries).
+    explorer = OfflineExplorer(ExploreConfig(step_budget=4, focus_weight=0.0, focus_retries=8))
+    episodes = [explorer.explore(env, [context], {task.id: task}, seed=seed)[0] for seed in range(6)]
+    ran = [[s.call.name for s in e.steps if s.call is not None and step_failure(s) is None] for e in episodes]
+    made = [names for names in ran if any(names[i:i + 2] == ["cd", "ls"] for i in range(len(names)))]
+    assert len(made) >= 4, ran
+    abstractions = TemplateAbstractor().abstract(env, episodes, {task.id: task})
+    solutions = [c.solution for a in abstractions for c in a.candidates]
+    assert solutions and all(s[-2].startswith("cd(") and s[-1].startswith("ls(") for s in solutions)
+    accepted = [v.task for v in validate(abstractions, Validator(env, known=env.tasks()), 1).items if v.task]
+    assert accepted and all(t.truth_tools == ("cd", "ls") for t in accepted)  # the shortest that passes: 2 calls
+    assert {t.provenance.focus_tool for t in accepted} == {"cd > ls"}
+
+
+def test_validation_refuses_an_order_task_whose_last_call_does_not_need_the_order():
+    env = BFCLLiteEnv("train")
+    task = next(t for t in env.tasks() if t.truth_tools == ("ls",))
+    home = next(iter(task.initial_state["GorillaFileSystem"]["root"].values()))["contents"]
+    folder = next(name for name, item in home.items() if item["type"] == "directory")
+    validator = Validator(env, known=env.tasks())
+
+    def verdict(solution, focus):
+        candidate = Candidate.create(task.env, "i", "q " + " ".join(solution), solution, task.initial_state,
+                                     dict(task.meta), task.id, "rare", "e", "template", focus)
+        return validator.validate(candidate, 1).verdict
+
+    # The second touch makes the same file, with the same answer, whether the first ran or not.
+    free = verdict(["touch(file_name='a1')", "touch(file_name='b1')"], "touch > touch")
+    assert free.codes == ("order_free",) and "touch(file_name='b1')" in free.reasons[0]
+    assert verdict(["touch(file_name='a2')", "touch(file_name='b2')"], None).accepted  # no order asked: as before
+    assert verdict([f"cd(folder='{folder}')", "touch(file_name='zz')"], "cd > touch").accepted  # made in the folder
+    assert verdict(["mkdir(dir_name='nn')", "cd(folder='nn')"], "mkdir > cd").accepted  # fails without the mkdir
+    assert verdict(["touch(file_name='q')", "ls()"], "touch > ls").accepted  # the listing shows the new file
 
 
 def lite():
@@ -118,6 +177,14 @@ def test_focus_solutions_by_hand():
         ["cd(folder='a')", "cat(file_name='y')"], ["ls()", "cat(file_name='y')"]]
     assert focus_solutions(steps, "rm", 3) == []
     assert len(focus_solutions(steps, "cat", 1)) == 2
+    # An order: the solutions end in its calls, in turn (cd, then cat), nearest earlier call first.
+    assert [[s.action for s in solution] for solution in focus_solutions(steps, "cd > cat", 3)] == [
+        ["cd(folder='a')", "cat(file_name='x')"], ["cd(folder='a')", "cat(file_name='y')"],
+        ["ls()", "cd(folder='a')", "cat(file_name='x')"], ["ls()", "cd(folder='a')", "cat(file_name='y')"]]
+    assert focus_solutions(steps, "cd > cat", 1) == []  # an order does not fit in one call
+    order = ExplorationEpisode("e", "c", "t", "rare", "offline", (), focus="cd > cat")
+    assert focus_of(order, ["cd(folder='d')", "cat(file_name='a')"]) == "cd > cat"
+    assert focus_of(order, ["cat(file_name='a')", "cd(folder='d')"]) is None
 
 
 def test_validation_skips_longer_alternatives_once_a_shorter_one_passed():
