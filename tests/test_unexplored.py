@@ -1,6 +1,8 @@
 """Rare over the unexplored tools (`signals.unexplored`) and the exploration that yields the missing task: a tool the
 iteration's tasks expose and no rollout called raises a rare event; its context names the tool; the explorer calls
-it; the abstractor proposes the shortest solutions ending in it and validation keeps the shortest that passes."""
+it; the abstractor proposes the shortest solutions ending in it and validation keeps the shortest that passes. The
+same for an order of tools no rollout made (`signals.unexplored_orders`), where validation also refuses an order
+whose last call does not need it (`order_free`)."""
 
 from __future__ import annotations
 
