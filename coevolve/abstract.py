@@ -40,7 +40,7 @@ from coevolve.envs.base import Env, step_failure
 from coevolve.policy.backends import SamplingConfig
 from coevolve.policy.chat import tool_description
 from coevolve.records import Candidate, ExplorationEpisode, Step, Task, call_name
-from coevolve.signals import PATTERN_SEPARATOR
+from coevolve.signals import PATTERN_SEPARATOR, holds_order
 from coevolve.validate import ValidationConfig
 
 @dataclass(frozen=True)
@@ -127,8 +127,8 @@ def focus_of(episode: ExplorationEpisode, solution: Sequence[str]) -> str | None
     calls one right after the other), else None."""
     if not episode.focus:
         return None
-    order, names = episode.focus.split(PATTERN_SEPARATOR), [call_name(text) for text in solution]
-    return episode.focus if any(names[start:start + len(order)] == order for start in range(len(names))) else None
+    names = [call_name(text) for text in solution]
+    return episode.focus if holds_order(names, episode.focus.split(PATTERN_SEPARATOR)) else None
 
 
 def focus_solutions(steps: Sequence[Step], focus: str, max_calls: int) -> list[list[Step]]:

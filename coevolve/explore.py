@@ -47,7 +47,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from coevolve.envs.base import Env, step_failure
 from coevolve.policy.backends import SamplingConfig
 from coevolve.records import ExplorationContext, ExplorationEpisode, SignalEvent, Step, Task, ToolCall, Trajectory
-from coevolve.signals import PATTERN_SEPARATOR
+from coevolve.signals import PATTERN_SEPARATOR, holds_order
 
 MAX_EVIDENCE_STEPS = 8
 """Failing steps kept in a forgetting context (the prompt of an LLM explorer stays short)."""
@@ -361,11 +361,6 @@ def _fillable(schema: Mapping[str, Any], defs: Mapping[str, Any], depth: int) ->
     return kind in FILLABLE_TYPES
 
 
-def _holds(names: Sequence[str], order: Sequence[str]) -> bool:
-    """Whether `order` occurs in `names` as consecutive entries (a one-tool order: whether the tool occurs)."""
-    return any(list(names[start:start + len(order)]) == list(order) for start in range(len(names) - len(order) + 1))
-
-
 def _made_prefix(names: Sequence[str], order: Sequence[str]) -> int:
     """The length of the longest proper prefix of `order` that `names` ends with (0 when none)."""
     return next((size for size in range(len(order) - 1, 0, -1) if list(names[-size:]) == list(order[:size])), 0)
@@ -411,7 +406,8 @@ class OfflineExplorer:
             doc = self._pick_tool(docs, context, rng)
             # A focus episode makes its calls, whatever the draws: in its last len(order) steps, unless the order
             # has run, the next tool of the order after the part of it the last calls made.
-            forcing = bool(order) and self.config.step_budget - step_number <= len(order) and not _holds(ran, order)
+            forcing = (bool(order) and self.config.step_budget - step_number <= len(order)
+                       and not holds_order(ran, order))
             if forcing:
                 doc = next((d for d in docs if d["name"] == order[_made_prefix(ran, order)]), doc)
             for attempt in range(1 + (self.config.focus_retries if forcing else 0)):

@@ -155,6 +155,12 @@ def unexplored_orders(exposed: Mapping[str, Sequence[str]], made: Iterable[str],
     return [(pattern, task_ids[index % len(task_ids)]) for index, (pattern, task_ids) in enumerate(pairs)]
 
 
+def holds_order(tool_names: Sequence[str | None], order: Sequence[str]) -> bool:
+    """Whether `order` occurs in `tool_names` as consecutive entries (a one-tool order: whether the tool occurs)."""
+    names, wanted = list(tool_names), list(order)
+    return any(names[start:start + len(wanted)] == wanted for start in range(len(names) - len(wanted) + 1))
+
+
 def action_patterns(tool_names: Sequence[str], ngram_sizes: Sequence[int] = (1, 2)) -> list[str]:
     """Every n-gram of `tool_names` for each size, as pattern strings, with repeats: the definition of c_p."""
     names = tuple(tool_names)
