@@ -32,12 +32,15 @@ Statistics: per arm, the mean over seeds of held-out success after training +- t
 `delta vs static` is the mean over seeds of the paired difference (same seed, same held-out tasks) with the same
 t interval over the differences. The zero-shot row's interval is Wilson's over its tasks.
 
-Resumable and run in chunks: each run has its own directory under `--out`/SETTING; a finished run (summary.json
-present) is read, not rerun; an interrupted one continues with `--resume`. Runs go in priority order (`plan`):
+Resumable and run in chunks, across machines: each run has its own directory under `--out`/SETTING; once it has
+finished, its record (bench/replicate_records.py: every figure below, the resolved config, the commit) is kept
+under `--results` (bench/results/replicate, committed), and a run with a record is read back from it, never
+rerun, on any clone. A run folder without a record is recorded when it is found finished (summary.json); an
+interrupted one continues with `--resume`. Runs go in priority order (`plan`):
 per setting, seed by seed, the main arms (static and coevolve first) and then, on the ablation seeds, the
 ablations, so a stopped invocation leaves whole seeds of every arm. `--max-minutes M` starts no run after M minutes;
 `--jobs J` runs J at a time, each with cores/J torch threads. Usage: `python bench/replicate.py [--settings tools
-shift iid] [--seeds 0 1 2 3 4] [--ablation-seeds 0 1 2] [--jobs 2] [--max-minutes M] [--no-write]`.
+shift iid] [--seeds 0 1 2 3 4] [--ablation-seeds 0 1 2] [--jobs 2] [--max-minutes M] [--results DIR] [--no-write]`.
 """
 
 from __future__ import annotations
@@ -59,10 +62,14 @@ from typing import Callable, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._report import machine_line, write_section  # noqa: E402
+from bench.replicate_records import (code_commit, config_differences, load_record, record_of,  # noqa: E402
+                                     save_record)
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "lite-shift.yaml"
 TOOLS_CONFIG = REPO / "configs" / "lite-tools.yaml"
+RECORDS = REPO / "bench" / "results" / "replicate"
+"""One JSON record per finished run (bench/replicate_records.py), committed: the figures outlive the run folders."""
 LEFT_OUT_TOOLS = ("cat", "cd")
 """The tools D_0 of the `tools` setting never calls (configs/lite-tools.yaml, `env.options.train_without_tools`)."""
 
@@ -174,6 +181,12 @@ class Planned:
         oracle = list(setting.oracle or ()) if self.arm.startswith("oracle data") else []
         return [*setting.overrides, f"run.seed={self.seed}", *ARMS[self.arm], *oracle, *extra]
 
+    def config(self) -> dict:
+        """The resolved config this run trains with (what a record or a folder is checked against)."""
+        from coevolve.config import load_config
+
+        return load_config(str(SETTINGS[self.setting].config), self.overrides()).to_dict()
+
 
 def plan(settings: list[str], arms: list[str], seeds: list[int], ablation_seeds: list[int]) -> list[Planned]:
     """Every run, most important first: per setting, zero-shot; then seed by seed the main arms (static and coevolve
@@ -193,30 +206,14 @@ def plan(settings: list[str], arms: list[str], seeds: list[int], ablation_seeds:
     return runs
 
 
-def config_differences(saved: Path, config: Path, overrides: list[str]) -> list[str]:
-    """Settings in which a run folder's resolved config differs from what this invocation asks for (an edited
-    config, other overrides), so that old runs are never read back as new ones."""
-    from coevolve.config import load_config
-
-    def flat(values: dict, prefix: str = "") -> dict:
-        items = {}
-        for key, value in values.items():
-            if isinstance(value, dict) and key != "options":
-                items.update(flat(value, f"{prefix}{key}."))
-            else:
-                items[f"{prefix}{key}"] = value
-        return items
-
-    have, want = flat(load_config(saved).to_dict()), flat(load_config(str(config), overrides).to_dict())
-    return sorted(key for key in set(have) | set(want) if key != "run.output_dir" and have.get(key) != want.get(key))
-
-
 def execute(run: Planned, out: Path, threads: int) -> None:
     """Train (or resume) one run in a subprocess, unless it finished; its wall seconds go to bench-seconds.txt."""
     folder = out / run.name
     config = SETTINGS[run.setting].config
     if (folder / "config.yaml").exists():
-        changed = config_differences(folder / "config.yaml", config, run.overrides())
+        from coevolve.config import load_config
+
+        changed = config_differences(load_config(folder / "config.yaml").to_dict(), run.config())
         if changed:
             raise SystemExit(f"{folder} was run with other settings ({', '.join(changed)}); delete it or pick "
                              "another --out")
@@ -230,6 +227,8 @@ def train(run: Planned, folder: Path, config: Path, threads: int) -> None:
     command = [str(REPO / ".venv" / "bin" / "coevolve"), "train", "--config", str(config), "--output-dir",
                str(folder), *run.overrides(), *(["--resume"] if folder.exists() else [])]
     environment = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "bench-commit.txt").write_text(f"{code_commit(REPO) or 'unknown'}\n")
     started = time.perf_counter()
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=environment)
     if done.returncode != 0:
@@ -237,132 +236,59 @@ def train(run: Planned, folder: Path, config: Path, threads: int) -> None:
     (folder / "bench-seconds.txt").write_text(f"{time.perf_counter() - started:.1f}\n")
 
 
-def result_of(run: Planned, out: Path) -> dict:
-    """What a finished run says: held-out success after training (all, and on each part of its setting), signals
-    fired, the synthesized tasks (and those in the shifted part), time."""
-    from coevolve.jsonl import read_jsonl
-    from coevolve.pool import TaskPool
-
+def result_of(run: Planned, out: Path, path: Path) -> dict:
+    """A finished run folder's record (bench/replicate_records.py), kept at `path` at once: from then on the figures
+    of the run no longer need its folder."""
     setting = SETTINGS[run.setting]
-    folder = out / run.name
-    metrics = read_jsonl(folder / "metrics.jsonl")
-    summary = json.loads((folder / "summary.json").read_text())
-    last = next(m for m in reversed(metrics) if m["heldout_success"] is not None)
-    added_shifted = added_shifted_one_call = 0
-    shifted_ids: set[str] = set()
-    if (folder / "pool.sqlite").exists():
-        with TaskPool(folder / "pool.sqlite") as pool:
-            for task in pool.tasks_at(pool.latest_iteration() or 0):
-                if setting.shifted(len(task.truth_tools), task.truth_tools):
-                    shifted_ids.add(task.id)
-                    if task.provenance.source == "synthetic":
-                        added_shifted += 1
-                        added_shifted_one_call += len(task.truth_tools) == 1
-    # The policy's own training rollouts on shifted-part tasks (guided ones are the solutions it was shown).
-    on_shifted = [row for row in read_jsonl(folder / "rollouts.jsonl") if row["task_id"] in shifted_ids] \
-        if (folder / "rollouts.jsonl").exists() else []
-    trained = [row for row in on_shifted if not row.get("guided")]
-    rows = [row for row in read_jsonl(folder / "heldout.jsonl") if row["iteration"] == last["iteration"]] \
-        if (folder / "heldout.jsonl").exists() else []
-    by_part: dict[str, list[bool]] = {}
-    for row in rows:
-        by_part.setdefault(setting.part_of(row.get("truth_calls", 1), row.get("truth_tools", ())), []).append(
-            bool(row["success"]))
-    seconds_file = folder / "bench-seconds.txt"
-    return {"setting": run.setting, "heldout_tasks": len(rows), "arm": run.arm, "seed": run.seed,
-            "after": last["heldout_success"],
-            "after_by_part": {part: sum(values) / len(values) for part, values in by_part.items()},
-            "added": summary.get("tasks_added", 0), "added_shifted": added_shifted,
-            "added_shifted_one_call": added_shifted_one_call,
-            "trained_shifted": [sum(row["score"] >= 1.0 for row in trained), len(trained)],
-            "guided": sum(m.get("guided", 0) for m in metrics),
-            "guided_shifted": sum(bool(row.get("guided")) for row in on_shifted),
-            "feedback_share": summary.get("feedback_share", 0.0),
-            "seconds": float(seconds_file.read_text()) if seconds_file.exists() else float("nan"),
-            "signals": {kind: sum(m["signals"].get(kind, 0) for m in metrics) for kind in SIGNALS},
-            "signals_by_iteration": [[m["signals"].get(kind, 0) for kind in SIGNALS] for m in metrics[1:]]}
+    record = record_of(out / run.name, run.setting, run.arm, run.seed, setting.part_of, setting.parts[1],
+                       run.config(), run.overrides())
+    save_record(path, record)
+    return record
 
 
-def diagnosis(runs: list[Planned], out: Path) -> str:
+def diagnosis(results: list[dict]) -> str:
     """What the synthesized tasks of the coevolve runs look like next to the held-out ones: accepted tasks by tool
     sequence beside the held-out tasks with that sequence, the explored contexts by signal, how the policy did on
     each kind of task it trained on (a group with no success gives GRPO nothing to learn from), and how often a
     rollout whose first call ran cleanly went on to call again (a two-call task needs that)."""
     from collections import Counter
 
-    from coevolve.jsonl import read_jsonl
-    from coevolve.pool import TaskPool
-    from coevolve.report import tool_sequence
-
     synthesized: Counter[str] = Counter()
     contexts: Counter[str] = Counter()
     trained: dict[str, list[float]] = {}
     heldout: Counter[str] = Counter()
     clean_first = went_on = 0
-    for run in runs:
-        folder = out / run.name
-        if not (folder / "summary.json").exists():
-            continue
-        for row in read_jsonl(folder / "synthesis.jsonl"):
-            if row.get("accepted"):
-                synthesized[tool_sequence(row["solution"])] += 1
-        for m in read_jsonl(folder / "metrics.jsonl"):
-            contexts.update(m.get("synthesis", {}).get("contexts_by_signal", {}))
-        if not heldout:  # the same held-out set in every run of a setting
-            rows = read_jsonl(folder / "heldout.jsonl")
-            last = max(row["iteration"] for row in rows)
-            heldout.update(tool_sequence(row.get("truth_tools", [])) for row in rows if row["iteration"] == last)
-        with TaskPool(folder / "pool.sqlite") as pool:
-            tasks = {task.id: task for task in pool.tasks_at(pool.latest_iteration() or 0)}
-        for row in read_jsonl(folder / "rollouts.jsonl"):
-            if row.get("guided"):
-                continue  # the solutions it was shown, not the policy's own attempts
-            task = tasks.get(row["task_id"])
-            if task is not None:
-                tools = task.truth_tools
-                part = SETTINGS[run.setting].part_of(len(tools), tools)
-                kind = f"{task.provenance.source}, " + (f"{len(tools)}-call" if part.endswith("-call") else part)
-                trained.setdefault(kind, []).append(row["score"])
-            steps = row.get("steps", [])
-            if steps and not steps[0].get("error"):
-                clean_first += 1
-                went_on += len(steps) > 1
+    for result in results:
+        synthesized.update(result["synthesized"])
+        contexts.update(result["contexts_by_signal"])
+        heldout = heldout or Counter(result["heldout_sequences"])  # the same held-out set in every run of a setting
+        for kind, (count, total) in result["trained_by_kind"].items():
+            have = trained.setdefault(kind, [0, 0.0])
+            have[0], have[1] = have[0] + count, have[1] + total
+        clean_first += result["first_call_clean"][0]
+        went_on += result["first_call_clean"][1]
     if not synthesized and not trained:
         return ""
     sequences = sorted(set(synthesized) | set(heldout), key=lambda seq: (-heldout[seq], -synthesized[seq], seq))
     lines = ["| tool sequence | held-out tasks | synthesized and accepted (all coevolve runs) |", "|---|---|---|"]
     lines += [f"| `{seq}` | {heldout[seq]} | {synthesized[seq]} |" for seq in sequences[:16]]
     lines += ["", "Training rollouts of the coevolve runs by task kind: " + "; ".join(
-        f"{kind}: {len(scores)} rollouts, success {sum(scores) / len(scores):.3f}"
-        for kind, scores in sorted(trained.items())) + ".",
+        f"{kind}: {count} rollouts, success {total / count:.3f}"
+        for kind, (count, total) in sorted(trained.items())) + ".",
               "Contexts explored, by signal: " + ", ".join(f"{k} {v}" for k, v in sorted(contexts.items())) + ".",
               f"Training rollouts whose first call ran without an error: {clean_first}; of these, {went_on} made "
               "another call."]
     return "\n".join(lines)
 
 
-def shifted_behaviour(runs: list[Planned], out: Path) -> str:
+def shifted_behaviour(results: list[dict]) -> str:
     """Per arm, on the held-out tasks of the setting's shifted part (after training, mean over seeds): the share
     answered with two or more calls, and the share whose first call is the ground truth's first tool: whether
     training moved the policy towards the shifted skill even where it did not yet solve the task."""
-    from coevolve.jsonl import read_jsonl
-
-    shares: dict[str, list[tuple[float, float]]] = {}
-    for run in runs:
-        path = out / run.name / "heldout.jsonl"
-        if run.arm == "zero-shot" or not (out / run.name / "summary.json").exists() or not path.exists():
-            continue
-        rows = read_jsonl(path)
-        last = max(row["iteration"] for row in rows)
-        setting = SETTINGS[run.setting]
-        multi = [row for row in rows if row["iteration"] == last
-                 and setting.shifted(row.get("truth_calls", 1), row.get("truth_tools", ()))]
-        if not multi:
-            continue
-        several = sum(len(row["calls"]) >= 2 for row in multi) / len(multi)
-        first = sum(bool(row["calls"]) and row["calls"][0].lstrip("[").split("(", 1)[0] == row["truth_tools"][0]
-                    for row in multi) / len(multi)
-        shares.setdefault(run.arm, []).append((several, first))
+    shares: dict[str, list[list[float]]] = {}
+    for result in results:
+        if result.get("shifted_answers"):
+            shares.setdefault(result["arm"], []).append(result["shifted_answers"])
     if not shares:
         return ""
     lines = ["| arm | seeds | answered with >= 2 calls (per seed) | first call = the truth's first tool (per seed) |",
@@ -498,59 +424,54 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (each gets cores / jobs torch threads)")
     parser.add_argument("--max-minutes", type=float, default=0,
                         help="start no new run after this many minutes (0: no limit); rerun to continue")
-    parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--results", default=str(RECORDS),
+                        help="where each finished run's record is kept (commit it: it outlives the run folder)")
+    parser.add_argument("--no-write", action="store_true", help="print the tables, leave BENCHMARKS.md as it is")
     args = parser.parse_args()
-    out = Path(args.out)
+    out, records = Path(args.out), Path(args.results)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     runs = plan(args.settings, args.arms, args.seeds, args.ablation_seeds)
     threads = max(1, (os.cpu_count() or 1) // max(1, args.jobs))
 
     def attempt(run: Planned) -> dict | None:
+        path = records / f"{run.name}.json"
+        record = load_record(path)
+        if record is not None:  # finished, on this machine or another: read back, never rerun
+            changed = config_differences(record["config"], run.config())
+            if changed:
+                raise SystemExit(f"{path} was run with other settings ({', '.join(changed)}); delete it or pick "
+                                 "another --results")
+            return record
         finished = (out / run.name / "summary.json").exists()
         if not finished and args.max_minutes and (time.perf_counter() - started) / 60 > args.max_minutes:
             return None  # left for the next invocation
         execute(run, out, threads)
-        result = result_of(run, out)
-        print(json.dumps(result), flush=True)
-        return result
+        record = result_of(run, out, path)
+        print(json.dumps({key: value for key, value in record.items() if key != "config"}), flush=True)
+        return record
 
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:  # threads wait on subprocesses
         done = list(pool.map(attempt, runs))
-    finished = [run for run, result in zip(runs, done) if result is not None]
     results = [result for result in done if result is not None]
-    pending = len(runs) - len(finished)
-    total_minutes = (time.perf_counter() - started) / 60
-    sections = []
-    for setting in args.settings:
-        rows: dict[str, list[dict]] = {}
-        for result in results:
-            if result["setting"] == setting:
-                rows.setdefault(result["arm"], []).append(result)
-        if not rows:
-            continue
-        heldout = max(r["heldout_tasks"] for rs in rows.values() for r in rs)
-        seconds = [r["seconds"] for arm, rs in rows.items() if arm != "zero-shot" for r in rs]
-        goal = goal_lines(rows, SETTINGS[setting])
-        sections.append(f"### Setting `{setting}`\n\n{setting_line(SETTINGS[setting])}.\n\n"
-                        + setting_table(rows, heldout, SETTINGS[setting]) + (f"\n\n{goal}" if goal else "") + (
-            f"\n\n{len(seconds)} training runs, {statistics.mean(seconds):.0f} s each on average." if seconds else ""))
-        found = diagnosis([run for run in finished if run.setting == setting and run.arm == "coevolve"], out)
-        if found:
-            sections.append(f"What coevolve synthesized in setting `{setting}`, beside the held-out tasks:\n\n{found}")
-        behaviour = shifted_behaviour([run for run in finished if run.setting == setting], out)
-        if behaviour:
-            sections.append(f"The held-out tasks of setting `{setting}`'s shifted part ({SETTINGS[setting].parts[1]}), "
-                            f"how the trained policies answered them:\n\n{behaviour}")
-    text = "\n\n".join(sections)
-    run_minutes = sum(r["seconds"] for r in results if r["seconds"] == r["seconds"]) / 60  # NaN: no timing file
     default_arms = ["zero-shot", *MAIN_ARMS, *ABLATIONS]
     arms_flag = "" if args.arms == default_arms else " --arms " + " ".join(
         f'"{arm}"' if " " in arm else arm for arm in args.arms)
-    print(text)
-    if args.no_write:
-        return
-    write_section("replicate-teach", f"""
+    for setting in args.settings:
+        planned = [run for run in runs if run.setting == setting]
+        mine = [result for result in results if result["setting"] == setting]
+        if not mine:
+            continue
+        command = (f"python bench/replicate.py --settings {setting} --seeds {' '.join(map(str, args.seeds))} "
+                   f"--ablation-seeds {' '.join(map(str, args.ablation_seeds))} --jobs {args.jobs}{arms_flag}")
+        text = setting_section(setting, mine, command, len(planned) - len(mine))
+        print(text)
+        if not args.no_write:  # one block per setting: a run of one setting leaves the other's figures as they are
+            write_section("replicate-teach", HEADER)
+            write_section(f"replicate-teach-{setting}", text)
+
+
+HEADER = """
 ## Replication with guidance, the unexplored rare and an oracle-data bound (`bench/replicate.py`)
 
 Question: at equal rollout budget, does CoEvolve beat GRPO on the static D_0, above all on held-out tasks D_0
@@ -558,16 +479,38 @@ does not cover (setting `tools`: D_0 never calls `cat` or `cd`, held-out tasks c
 one-call only, held-out 2-call part), how much of what perfect data gives (`oracle data`) does it reach, and what
 do guidance (`grpo.guidance: solution`) and the unexplored rare (`signals.unexplored`) each carry?
 
-Command: `python bench/replicate.py --settings {' '.join(args.settings)} --seeds {' '.join(map(str, args.seeds))}
---ablation-seeds {' '.join(map(str, args.ablation_seeds))} --jobs {args.jobs}{arms_flag}`. Machine: {machine_line()}.
 Arms: the overrides in `ARMS` (`coevolve` = guidance + the unexplored rare; `coevolve + unexplored weight` = the
-same with `loop.signal_weights: {{unexplored: 10}}`, tasks made for a tool no rollout had called drawn 10x as often;
+same with `loop.signal_weights: {unexplored: 10}`, tasks made for a tool no rollout had called drawn 10x as often;
 `random` has guidance too, so that coevolve - random measures the steering alone; `oracle data` = static on a D_0
-holding the shifted part, with the same worked examples). The {len(results)} finished runs took {run_minutes:.0f} minutes of run time ({args.jobs} at
-a time); this invocation {total_minutes:.0f} minutes (finished runs are read back, not rerun).{f' Runs not yet done: {pending} (stopped by --max-minutes; rerun the command to continue).' if pending else ''}
+holding the shifted part, with the same worked examples). Each setting's block below is written by its own
+command; its figures come from the runs' records (`bench/results/replicate`), one per finished run.
+"""
 
-{text}
-""")
+
+def setting_section(setting: str, results: list[dict], command: str, pending: int) -> str:
+    """One setting's block of BENCHMARKS.md: the command and what ran, the table, the goal lines, the diagnosis of
+    what coevolve synthesized, how the trained policies answered the shifted part."""
+    rows: dict[str, list[dict]] = {}
+    for result in results:
+        rows.setdefault(result["arm"], []).append(result)
+    heldout = max(r["heldout_tasks"] for r in results)
+    seconds = [r["seconds"] for r in results if r["arm"] != "zero-shot" and r["seconds"]]
+    commits = sorted({(r.get("commit") or "unknown")[:7] for r in results})
+    goal = goal_lines(rows, SETTINGS[setting])
+    parts = [f"### Setting `{setting}`\n\nCommand: `{command}`. Machine: {machine_line()}. "
+             f"{setting_line(SETTINGS[setting])}. {len(results)} finished runs (code at {', '.join(commits)})"
+             + (f"; {pending} not yet done (rerun the command to continue)" if pending else "") + ".\n\n"
+             + setting_table(rows, heldout, SETTINGS[setting]) + (f"\n\n{goal}" if goal else "")
+             + (f"\n\n{len(seconds)} training runs, {statistics.mean(seconds):.0f} s each on average, "
+                f"{sum(seconds) / 60:.0f} minutes of run time." if seconds else "")]
+    found = diagnosis([r for r in results if r["arm"] == "coevolve"])
+    if found:
+        parts.append(f"What coevolve synthesized in setting `{setting}`, beside the held-out tasks:\n\n{found}")
+    behaviour = shifted_behaviour(results)
+    if behaviour:
+        parts.append(f"The held-out tasks of setting `{setting}`'s shifted part ({SETTINGS[setting].parts[1]}), "
+                     f"how the trained policies answered them:\n\n{behaviour}")
+    return "\n\n".join(parts)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -178,10 +179,14 @@ def test_finished_runs_are_read_back_and_paired_against_static(tmp_path, monkeyp
         for seed, (after, heldout) in enumerate(values):
             _finished_run(tmp_path / "shift" / f"{replicate.slug(arm)}-seed{seed}", after, heldout,
                           {"1": 1, "2": 2} if arm == "coevolve" else {})
-    monkeypatch.setattr("sys.argv", ["replicate.py", "--settings", "shift", "--seeds", "0", "1", "--arms", "static",
-                                     "coevolve", "--out", str(tmp_path), "--no-write"])
+    records = tmp_path / "records"
+    argv = ["replicate.py", "--settings", "shift", "--seeds", "0", "1", "--arms", "static", "coevolve", "--out",
+            str(tmp_path), "--results", str(records), "--no-write"]
+    monkeypatch.setattr("sys.argv", argv)
     replicate.main()
     out = capsys.readouterr().out
+    assert sorted(path.name for path in (records / "shift").iterdir()) == [
+        "coevolve-seed0.json", "coevolve-seed1.json", "static-seed0.json", "static-seed1.json"]
     table: dict[str, str] = {}
     for line in out.splitlines():  # the first table is the setting's; the multi-call table follows it
         if line.startswith(("| static", "| coevolve")):
@@ -198,11 +203,46 @@ def test_finished_runs_are_read_back_and_paired_against_static(tmp_path, monkeyp
     assert "1-call: mean" in out and "2-call: delta vs static" in out
     assert not any(tmp_path.glob("*/*/checkpoints"))  # optimizer states go once a run is finished (disk space)
 
+    # The folders go (a new machine): the records alone give the same tables, and nothing is trained again (a
+    # training subprocess would fail here).
+    for folder in (tmp_path / "shift").iterdir():
+        shutil.rmtree(folder)
+    replicate.main()
+    assert capsys.readouterr().out.split("\n\n", 1)[1] == out.split("\n\n", 1)[1]
+    # Written, a setting's block replaces that block only: another setting's figures stay as they are.
+    from bench._report import write_section
+
+    benchmarks = tmp_path / "BENCHMARKS.md"
+    benchmarks.write_text("<!-- bench:replicate-teach-tools -->\ntools figures\n<!-- /bench:replicate-teach-tools -->\n")
+    monkeypatch.setattr(replicate, "write_section", lambda name, text: write_section(name, text, benchmarks))
+    monkeypatch.setattr("sys.argv", [arg for arg in argv if arg != "--no-write"])
+    replicate.main()
+    written = benchmarks.read_text()
+    assert "tools figures" in written and "<!-- bench:replicate-teach -->" in written
+    assert written.index("<!-- bench:replicate-teach-shift -->") < written.index("| coevolve | 2 |")
+    monkeypatch.setattr("sys.argv", argv)
+    # A record made with other settings is refused, not mixed in.
+    record = json.loads((records / "shift" / "static-seed1.json").read_text())
+    record["config"]["grpo"]["learning_rate"] = 1.0
+    (records / "shift" / "static-seed1.json").write_text(json.dumps(record))
+    with pytest.raises(SystemExit, match="grpo.learning_rate"):
+        replicate.main()
+
+
+def test_config_differences_ignore_switches_added_since_the_run():
+    have = {"run": {"seed": 0, "output_dir": "a"}, "env": {"options": {"num_tasks": 560}}}
+    want = {"run": {"seed": 1, "output_dir": "b"}, "env": {"options": {"num_tasks": 560}},
+            "signals": {"unexplored_orders": False}}
+    assert replicate.config_differences(have, want) == ["run.seed"]  # output_dir and the new switch aside
+    want["env"]["options"] = {"num_tasks": 280}
+    assert replicate.config_differences(have, want) == ["env.options", "run.seed"]  # options compare whole
+
 
 def test_max_minutes_starts_no_new_run(tmp_path, monkeypatch, capsys):
     _finished_run(tmp_path / "shift" / "static-seed0", 0.300, [(1, True), (1, False)], {})
     monkeypatch.setattr("sys.argv", ["replicate.py", "--settings", "shift", "--seeds", "0", "--arms", "static",
-                                     "coevolve", "--out", str(tmp_path), "--no-write", "--max-minutes", "1e-9"])
+                                     "coevolve", "--out", str(tmp_path), "--results", str(tmp_path / "records"),
+                                     "--no-write", "--max-minutes", "1e-9"])
     replicate.main()  # the coevolve run would start a training subprocess; over budget, it is left for the next call
     out = capsys.readouterr().out
     assert "| static | 1 |" in out and "| coevolve" not in out
