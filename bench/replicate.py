@@ -377,7 +377,7 @@ def goal_lines(rows: dict[str, list[dict]], setting: Setting) -> str:
     """The issue's goal in numbers, on the shifted part: coevolve - static and coevolve - random (paired, 95%
     interval), then for each oracle arm that ran (the bound without guidance, and with it: the same learner as
     coevolve) its gain over static and the share of that gain each coevolve arm reaches (ratio of the means over
-    the seeds the three arms all ran)."""
+    the seeds the three arms all ran; arms compared over the same seeds share one gain)."""
     shifted, lines = setting.parts[1], []
     arms = [arm for arm in COEVOLVE_ARMS if rows.get(arm)]
     for arm in arms:
@@ -385,7 +385,7 @@ def goal_lines(rows: dict[str, list[dict]], setting: Setting) -> str:
                   f"({len(paired(rows, arm, baseline, shifted))} seeds)" for baseline in ("static", "random")
                   if rows.get(baseline)]
     for bound in ("oracle data", "oracle data + guidance"):
-        shares = []
+        reached: dict[str, list[str]] = {}  # the bound's gain over the seeds compared -> what each arm reaches
         for arm in arms:
             seeds = ({r["seed"] for r in rows[arm]} & {r["seed"] for r in rows.get("static", [])}
                      & {r["seed"] for r in rows.get(bound, [])})
@@ -396,11 +396,13 @@ def goal_lines(rows: dict[str, list[dict]], setting: Setting) -> str:
                 return statistics.mean(_value(r, shifted) or 0.0 for r in rows[name] if r["seed"] in seeds)
 
             gain = mean_of(bound) - mean_of("static")
-            closed = f", {arm} reaches {(mean_of(arm) - mean_of('static')) / gain:.0%} of it" if gain > 0 else (
-                ": the bound itself shows no gain")
-            shares.append(f"{gain:+.3f} ({len(seeds)} seeds){closed}")
-        if shares:
-            lines.append(f"- {bound} - static on {shifted}: " + "; ".join(dict.fromkeys(shares)))
+            arms_reaching = reached.setdefault(f"{gain:+.3f} ({len(seeds)} seeds)", [])
+            if gain > 0:
+                arms_reaching.append(f"{arm} reaches {(mean_of(arm) - mean_of('static')) / gain:.0%} of it")
+        if reached:
+            lines.append(f"- {bound} - static on {shifted}: " + "; ".join(
+                gain + (", " + ", ".join(arms_reaching) if arms_reaching else ": the bound itself shows no gain")
+                for gain, arms_reaching in reached.items()))
     return "\n".join(lines)
 
 

@@ -135,6 +135,10 @@ def test_the_goal_lines_by_hand():
     rows["coevolve + unexplored weight"].append(result("coevolve + unexplored weight", 0, 0.1))
     assert replicate.goal_lines(rows, replicate.SETTINGS["tools"]).splitlines()[-1] == (
         "- oracle data + guidance - static on cat or cd: +0.000 (2 seeds): the bound itself shows no gain")
+    # Both arms now ran seeds 0 and 1: one gain, what each reaches (the weighted arm: (0.1, 0.6) -> 0.35 - 0.15).
+    assert replicate.goal_lines(rows, replicate.SETTINGS["tools"]).splitlines()[-2] == (
+        "- oracle data - static on cat or cd: +0.400 (2 seeds), coevolve reaches 38% of it, coevolve + unexplored "
+        "weight reaches 50% of it")
 
 
 def _finished_run(folder: Path, after: float, heldout: list[tuple[int, bool]], added_by_calls: dict,
