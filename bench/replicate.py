@@ -250,7 +250,8 @@ def diagnosis(results: list[dict]) -> str:
     """What the synthesized tasks of the coevolve runs look like next to the held-out ones: accepted tasks by tool
     sequence beside the held-out tasks with that sequence, the explored contexts by signal, how the policy did on
     each kind of task it trained on (a group with no success gives GRPO nothing to learn from), and how often a
-    rollout whose first call ran cleanly went on to call again (a two-call task needs that)."""
+    rollout whose first call ran cleanly went on to call again (a two-call task needs that); per run, the orders of
+    two or more calls the policy practised (own rollouts solved / all)."""
     from collections import Counter
 
     synthesized: Counter[str] = Counter()
@@ -277,7 +278,13 @@ def diagnosis(results: list[dict]) -> str:
         for kind, (count, total) in sorted(trained.items())) + ".",
               "Contexts explored, by signal: " + ", ".join(f"{k} {v}" for k, v in sorted(contexts.items())) + ".",
               f"Training rollouts whose first call ran without an error: {clean_first}; of these, {went_on} made "
-              "another call."]
+              "another call.", "", "Own training rollouts on tasks of two or more calls, per run (solved / all), "
+              "beside the run's held-out success on the shifted part:", ""]
+    shifted = SETTINGS[results[0]["setting"]].parts[1]
+    lines += [f"- seed {r['seed']} ({shifted}: {r['after_by_part'].get(shifted, 0.0):.3f}): " + (", ".join(
+        f"`{seq}` {solved} / {count}" for seq, (count, solved) in sorted(
+            r["trained_by_sequence"].items(), key=lambda item: -item[1][0])) or "none")
+        for r in sorted(results, key=lambda r: r["seed"]) if "trained_by_sequence" in r]
     return "\n".join(lines)
 
 

@@ -72,8 +72,9 @@ def record_of(folder: Path, setting_name: str, arm: str, seed: int,
               overrides: Sequence[str]) -> dict[str, Any]:
     """What a finished run folder says, as a record: held-out success after training (all, and on each part of its
     setting), signals fired, the synthesized tasks (and those in the shifted part), guided rollouts, time; for the
-    diagnosis, the accepted tasks by tool sequence, contexts by signal, own training rollouts by kind of task, how
-    often a clean first call went on; and how the trained policy answered the shifted part."""
+    diagnosis, the accepted tasks by tool sequence, contexts by signal, own training rollouts by kind of task and,
+    on tasks of two or more calls, by tool sequence (rollouts, solved), how often a clean first call went on; and
+    how the trained policy answered the shifted part."""
     from coevolve.pool import TaskPool
     from coevolve.report import tool_sequence
 
@@ -94,6 +95,7 @@ def record_of(folder: Path, setting_name: str, arm: str, seed: int,
     # The policy's own training rollouts (guided ones are the solutions it was shown), by kind of task.
     trained_shifted, guided_shifted, clean_first, went_on = [0, 0], 0, 0, 0
     trained_by_kind: dict[str, list[float]] = {}
+    trained_by_sequence: dict[str, list[int]] = {}
     rollouts = read_jsonl(folder / "rollouts.jsonl") if (folder / "rollouts.jsonl").exists() else []
     for row in rollouts:
         if row["task_id"] in shifted_ids:
@@ -109,6 +111,9 @@ def record_of(folder: Path, setting_name: str, arm: str, seed: int,
             kind = f"{task.provenance.source}, " + (f"{len(tools)}-call" if part.endswith("-call") else part)
             count, total = trained_by_kind.get(kind, [0, 0.0])
             trained_by_kind[kind] = [count + 1, total + row["score"]]
+            if len(tools) >= 2:  # which orders of calls the policy practised, and solved, itself
+                count, solved = trained_by_sequence.get(tool_sequence(tools), [0, 0])
+                trained_by_sequence[tool_sequence(tools)] = [count + 1, solved + (row["score"] >= 1.0)]
         steps = row.get("steps", [])
         if steps and not steps[0].get("error"):
             clean_first += 1
@@ -149,7 +154,8 @@ def record_of(folder: Path, setting_name: str, arm: str, seed: int,
         "signals": {kind: sum(m["signals"].get(kind, 0) for m in metrics) for kind in SIGNALS},
         "signals_by_iteration": [[m["signals"].get(kind, 0) for kind in SIGNALS] for m in metrics[1:]],
         "synthesized": dict(synthesized), "contexts_by_signal": dict(contexts),
-        "trained_by_kind": trained_by_kind, "first_call_clean": [clean_first, went_on],
+        "trained_by_kind": trained_by_kind, "trained_by_sequence": trained_by_sequence,
+        "first_call_clean": [clean_first, went_on],
         "heldout_sequences": dict(Counter(tool_sequence(row.get("truth_tools", [])) for row in heldout)),
         "shifted_answers": shifted_answers,
         "overrides": list(overrides), "config": dict(config),

@@ -251,3 +251,23 @@ def test_max_minutes_starts_no_new_run(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "| static | 1 |" in out and "| coevolve" not in out
     assert not (tmp_path / "shift" / "coevolve-seed0").exists()
+
+
+def test_a_record_counts_the_orders_the_policy_practised(tmp_path):
+    """Own training rollouts on tasks of two or more calls, by tool sequence: three on `ls > ls` (one solved), a
+    guided one left out (the solution shown, not the policy's attempt), a one-call task's rollout left out."""
+    from coevolve.pool import TaskPool
+
+    folder = tmp_path / "shift" / "coevolve-seed1"
+    _finished_run(folder, 0.5, [(1, True), (2, True)], {"1": 1, "2": 1})
+    with TaskPool(folder / "pool.sqlite") as pool:
+        tasks = {len(task.truth_tools): task.id for task in pool.tasks_at(1) if task.provenance.source == "synthetic"}
+    rows = [{"task_id": tasks[2], "score": score, "steps": []} for score in (1.0, 0.0, 0.5)]
+    rows += [{"task_id": tasks[2], "score": 1.0, "guided": True, "steps": []},
+             {"task_id": tasks[1], "score": 1.0, "steps": []}]
+    (folder / "rollouts.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    setting = replicate.SETTINGS["shift"]
+    record = replicate.record_of(folder, "shift", "coevolve", 1, setting.part_of, setting.parts[1], {}, [])
+    assert record["trained_by_sequence"] == {"ls > ls": [3, 1]}
+    assert record["trained_shifted"] == [1, 3] and record["guided_shifted"] == 1
+    assert "- seed 1 (2-call: 1.000): `ls > ls` 1 / 3" in replicate.diagnosis([record])
