@@ -62,8 +62,8 @@ from typing import Callable, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._report import machine_line, write_section  # noqa: E402
-from bench.replicate_records import (code_commit, config_differences, load_record, record_of,  # noqa: E402
-                                     save_record)
+from bench.replicate_records import (SIGNALS, code_commit, config_differences, load_record,  # noqa: E402
+                                     record_of, save_record)
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "lite-shift.yaml"
@@ -107,7 +107,6 @@ SETTINGS = {
                      ("env.options.train_max_calls=2", "model.demo_max_calls=1")),
     "iid": Setting(CONFIG, ("env.options={num_tasks: 560, two_call_share: 0.4}",), ("1-call", "2-call"), _two_calls),
 }
-SIGNALS = ("forgetting", "boundary", "rare")
 GUIDED, UNEXPLORED = "grpo.guidance=solution", "signals.unexplored=true"
 ARMS = {
     "zero-shot": ["run.mode=zero-shot"],

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from coevolve.jsonl import atomic_write_text, read_jsonl
+from coevolve.records import call_name
 
 SIGNALS = ("forgetting", "boundary", "rare")
 
@@ -60,11 +61,6 @@ def save_record(path: Path, record: Mapping[str, Any]) -> None:
 
 def load_record(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
-
-
-def _call_tool(call: str) -> str:
-    """`[cd(folder='a')]` -> `cd`: a held-out row's call as its tool name."""
-    return call.lstrip("[").split("(", 1)[0]
 
 
 def record_of(folder: Path, setting_name: str, arm: str, seed: int,
@@ -131,7 +127,7 @@ def record_of(folder: Path, setting_name: str, arm: str, seed: int,
     if on_shifted and arm != "zero-shot":
         shifted_answers = [
             sum(len(row["calls"]) >= 2 for row in on_shifted) / len(on_shifted),
-            sum(bool(row["calls"]) and _call_tool(row["calls"][0]) == row["truth_tools"][0]
+            sum(bool(row["calls"]) and call_name(row["calls"][0].lstrip("[")) == row["truth_tools"][0]
                 for row in on_shifted) / len(on_shifted)]
     synthesized: Counter[str] = Counter(
         tool_sequence(row["solution"]) for row in read_jsonl(folder / "synthesis.jsonl") if row.get("accepted")) \
