@@ -383,8 +383,9 @@ def goal_lines(rows: dict[str, list[dict]], setting: Setting) -> str:
     """The issue's goal in numbers, on the shifted part: coevolve - static and coevolve - random (paired, 95%
     interval), then for each oracle arm that ran (the bound without guidance, and with it: the same learner as
     coevolve) its gain over static and the share of that gain each coevolve arm reaches (ratio of the means over
-    the seeds the three arms all ran; arms compared over the same seeds share one gain)."""
-    shifted, lines = setting.parts[1], []
+    the seeds the three arms all ran; arms compared over the same seeds share one gain); last, what each switch an
+    ablation turns off adds: coevolve - the ablation, paired, on the shifted part and on the rest."""
+    rest, shifted, lines = setting.parts[0], setting.parts[1], []
     arms = [arm for arm in COEVOLVE_ARMS if rows.get(arm)]
     for arm in arms:
         lines += [f"- {arm} - {baseline} on {shifted}: {_interval(paired(rows, arm, baseline, shifted))} "
@@ -409,6 +410,11 @@ def goal_lines(rows: dict[str, list[dict]], setting: Setting) -> str:
             lines.append(f"- {bound} - static on {shifted}: " + "; ".join(
                 gain + (", " + ", ".join(arms_reaching) if arms_reaching else ": the bound itself shows no gain")
                 for gain, arms_reaching in reached.items()))
+    for ablation in ("coevolve w/o unexplored", "coevolve w/o guidance"):
+        if rows.get("coevolve") and rows.get(ablation):  # the sign reads "what the switch adds"
+            adds = [paired(rows, "coevolve", ablation, part) for part in (shifted, rest)]
+            lines.append(f"- coevolve - {ablation} on {shifted}: {_interval(adds[0])} ({len(adds[0])} seeds); "
+                         f"on {rest}: {_interval(adds[1])}")
     return "\n".join(lines)
 
 

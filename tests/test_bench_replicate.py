@@ -139,6 +139,14 @@ def test_the_goal_lines_by_hand():
     assert replicate.goal_lines(rows, replicate.SETTINGS["tools"]).splitlines()[-2] == (
         "- oracle data - static on cat or cd: +0.400 (2 seeds), coevolve reaches 38% of it, coevolve + unexplored "
         "weight reaches 50% of it")
+    # An ablation, last: coevolve - the arm without the switch, paired, on the shifted part and on the rest.
+    rows["coevolve w/o guidance"] = [result("coevolve w/o guidance", 0, 0.1), result("coevolve w/o guidance", 1, 0.1)]
+    for row, rest in zip(rows["coevolve w/o guidance"], (0.3, 0.5)):
+        row["after_by_part"]["seen tools"] = rest
+    # shifted: (0.2 - 0.1, 0.4 - 0.1) = (0.1, 0.3) -> +0.200, sd 0.1414, t(1) 12.706 -> +- 1.271; the rest: coevolve
+    # 0.5 both seeds, so (0.2, 0.0) -> +0.100 +- 1.271
+    assert replicate.goal_lines(rows, replicate.SETTINGS["tools"]).splitlines()[-1] == (
+        "- coevolve - coevolve w/o guidance on cat or cd: +0.200 +- 1.271 (2 seeds); on seen tools: +0.100 +- 1.271")
 
 
 def _finished_run(folder: Path, after: float, heldout: list[tuple[int, bool]], added_by_calls: dict,
