@@ -410,7 +410,7 @@ def goal_lines(rows: dict[str, list[dict]], setting: Setting) -> str:
             lines.append(f"- {bound} - static on {shifted}: " + "; ".join(
                 gain + (", " + ", ".join(arms_reaching) if arms_reaching else ": the bound itself shows no gain")
                 for gain, arms_reaching in reached.items()))
-    for ablation in ("coevolve w/o unexplored", "coevolve w/o guidance"):
+    for ablation in (arm for arm in ABLATIONS if arm.startswith("coevolve w/o")):  # coevolve minus one switch
         if rows.get("coevolve") and rows.get(ablation):  # the sign reads "what the switch adds"
             adds = [paired(rows, "coevolve", ablation, part) for part in (shifted, rest)]
             lines.append(f"- coevolve - {ablation} on {shifted}: {_interval(adds[0])} ({len(adds[0])} seeds); "
