@@ -68,10 +68,14 @@ from bench.replicate_records import (SIGNALS, code_commit, config_differences, l
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "lite-shift.yaml"
 TOOLS_CONFIG = REPO / "configs" / "lite-tools.yaml"
+TOOLS_RM_CONFIG = REPO / "configs" / "lite-tools-rm.yaml"
 RECORDS = REPO / "bench" / "results" / "replicate"
 """One JSON record per finished run (bench/replicate_records.py), committed: the figures outlive the run folders."""
 LEFT_OUT_TOOLS = ("cat", "cd")
 """The tools D_0 of the `tools` setting never calls (configs/lite-tools.yaml, `env.options.train_without_tools`)."""
+LEFT_OUT_RM = ("touch", "rm")
+"""The tools D_0 of the `tools-rm` setting never calls (configs/lite-tools-rm.yaml): the shift added after the
+`cat`/`cd` ones, defined and committed before any of its runs, so that no mechanism is fitted to one pair."""
 
 
 @dataclass(frozen=True)
@@ -100,14 +104,25 @@ def _left_out_tool(calls: int, tools: Sequence[str]) -> bool:
     return bool(set(tools) & set(LEFT_OUT_TOOLS))
 
 
-TOOLS_ORACLE = ("env.options.train_without_tools=[]", f"model.demo_without_tools=[{','.join(LEFT_OUT_TOOLS)}]")
+def _left_out_rm(calls: int, tools: Sequence[str]) -> bool:
+    return bool(set(tools) & set(LEFT_OUT_RM))
+
+
+def _tools_oracle(tools: Sequence[str]) -> tuple[str, ...]:
+    return "env.options.train_without_tools=[]", f"model.demo_without_tools=[{','.join(tools)}]"
+
+
+TOOLS_ORACLE = _tools_oracle(LEFT_OUT_TOOLS)
 SETTINGS = {
     "tools": Setting(TOOLS_CONFIG, (), ("seen tools", "cat or cd"), _left_out_tool, TOOLS_ORACLE),
+    "tools-rm": Setting(TOOLS_RM_CONFIG, (), ("seen tools", "touch or rm"), _left_out_rm, _tools_oracle(LEFT_OUT_RM)),
     "shift": Setting(CONFIG, (), ("1-call", "2-call"), _two_calls,
                      ("env.options.train_max_calls=2", "model.demo_max_calls=1")),
     "iid": Setting(CONFIG, ("env.options={num_tasks: 560, two_call_share: 0.4}",), ("1-call", "2-call"), _two_calls),
 }
 GUIDED, UNEXPLORED = "grpo.guidance=solution", "signals.unexplored=true"
+CURRICULUM = ("loop.sampler=history", "loop.recur_fraction=0")  # the history sampler retests solved tasks itself
+STATES = "signals.unexplored_states=true"
 ARMS = {
     "zero-shot": ["run.mode=zero-shot"],
     "static": ["run.mode=static"],
@@ -131,6 +146,14 @@ ARMS = {
     # the weight 10 above was set by. Set from those training-side counts, before any held-out figure of the arm.
     "coevolve + unexplored orders": ["run.mode=coevolve", GUIDED, UNEXPLORED, "signals.unexplored_orders=true",
                                      "synthesis.focus_retries=8", "loop.signal_weights={unexplored: 30}"],
+    # Steering (this round): the curriculum over D_t from each task's own tries (`coevolve.curriculum`) and the rare
+    # over the action states D_t lacks (`coevolve.states`), on top of coevolve; their weights are the module
+    # defaults, set from the draw's arithmetic (a task admitted last iteration weighs 8, ~40 of a pool's mastered
+    # tasks 0.2 each), before any run of these arms. Each switch has its ablation.
+    "coevolve steered": ["run.mode=coevolve", GUIDED, UNEXPLORED, *CURRICULUM, STATES],
+    "steered w/o curriculum": ["run.mode=coevolve", GUIDED, UNEXPLORED, STATES],
+    "steered w/o states": ["run.mode=coevolve", GUIDED, UNEXPLORED, *CURRICULUM],
+    "random + curriculum": ["run.mode=random", GUIDED, *CURRICULUM],  # random's learner, with the same draw
     # The paper's signal ablations and the first round's arms (guidance and the unexplored rare off), on request.
     "paper coevolve": ["run.mode=coevolve"],
     "synthetic": ["run.mode=synthetic"],
@@ -144,10 +167,14 @@ ARMS = {
 DIAGNOSIS_SETTINGS = {"coevolve wide": ("shift",), "coevolve + unexplored orders": ("shift",)}
 """Settings a diagnosis arm runs in (it answers a question about that setting); other arms run in every setting."""
 MAIN_ARMS = ("static", "coevolve", "static + guidance", "oracle data", "random",
-             "coevolve + unexplored weight")
-COEVOLVE_ARMS = ("coevolve", "coevolve + unexplored weight", "coevolve + unexplored orders")
+             "coevolve + unexplored weight", "coevolve steered", "random + curriculum")
+COEVOLVE_ARMS = ("coevolve", "coevolve + unexplored weight", "coevolve + unexplored orders", "coevolve steered")
 """The arms the goal lines compare with static, random and the oracle bound."""
-ABLATIONS = ("oracle data + guidance", "coevolve w/o unexplored", "coevolve w/o guidance")
+ABLATIONS = ("oracle data + guidance", "coevolve w/o unexplored", "coevolve w/o guidance", "steered w/o curriculum",
+             "steered w/o states")
+ABLATION_OF = {"coevolve w/o unexplored": "coevolve", "coevolve w/o guidance": "coevolve",
+               "steered w/o curriculum": "coevolve steered", "steered w/o states": "coevolve steered"}
+"""The arm each ablation turns one switch off in: the goal lines say what the switch adds, arm - ablation."""
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
@@ -410,10 +437,10 @@ def goal_lines(rows: dict[str, list[dict]], setting: Setting) -> str:
             lines.append(f"- {bound} - static on {shifted}: " + "; ".join(
                 gain + (", " + ", ".join(arms_reaching) if arms_reaching else ": the bound itself shows no gain")
                 for gain, arms_reaching in reached.items()))
-    for ablation in (arm for arm in ABLATIONS if arm.startswith("coevolve w/o")):  # coevolve minus one switch
-        if rows.get("coevolve") and rows.get(ablation):  # the sign reads "what the switch adds"
-            adds = [paired(rows, "coevolve", ablation, part) for part in (shifted, rest)]
-            lines.append(f"- coevolve - {ablation} on {shifted}: {_interval(adds[0])} ({len(adds[0])} seeds); "
+    for ablation, base in ABLATION_OF.items():  # an arm minus one switch
+        if rows.get(base) and rows.get(ablation):  # the sign reads "what the switch adds"
+            adds = [paired(rows, base, ablation, part) for part in (shifted, rest)]
+            lines.append(f"- {base} - {ablation} on {shifted}: {_interval(adds[0])} ({len(adds[0])} seeds); "
                          f"on {rest}: {_interval(adds[1])}")
     return "\n".join(lines)
 

@@ -17,7 +17,9 @@ Two abstractors:
   episode's earlier successful calls before it (nearest first), shortest first (`focus_solutions`); validation
   keeps, per focus call, only the shortest that passes (`Abstraction.shortest_only`, `coevolve.synthesis`): a
   one-call `cat` task, or `cd` then `cat` when the file lies in a folder. An order focus (`cd > ls`, from
-  `signals.unexplored_orders`) keeps the solutions that end in the order's calls, in turn: `cd`, then `ls`.
+  `signals.unexplored_orders`) keeps the solutions that end in the order's calls, in turn: `cd`, then `ls`. A state
+  focus (`cat@folder`, from `signals.unexplored_states`) keeps those whose last call acts in that state, as the
+  env's `states` reads the solution from the start: `cd(folder='a')` then `cat(file_name='x')`, never `cat` alone.
 - `LLMAbstractor`: any chat backend (`OpenAIBackend` for an OpenAI-compatible endpoint, e.g. `vllm serve` or
   `coevolve serve`). The prompt shows the tools, the context and the numbered log and asks for JSON
   `{"tasks": [{"intent", "query", "solution": [call, ...]}]}`. Replies are checked against that schema
@@ -39,8 +41,10 @@ from typing import Any, Mapping, Sequence
 from coevolve.envs.base import Env, step_failure
 from coevolve.policy.backends import SamplingConfig
 from coevolve.policy.chat import tool_description
-from coevolve.records import Candidate, ExplorationEpisode, Step, Task, call_name
+from coevolve.records import Candidate, ExplorationEpisode, Step, Task, ToolCall, call_name
+from coevolve.calls import parse_call
 from coevolve.signals import PATTERN_SEPARATOR, holds_order
+from coevolve.states import StatePatterns, is_state_pattern, state_tool
 from coevolve.validate import ValidationConfig
 
 @dataclass(frozen=True)
@@ -122,23 +126,34 @@ def template_query(steps: Sequence[Step], docs: Mapping[str, Mapping[str, Any]])
     return text
 
 
-def focus_of(episode: ExplorationEpisode, solution: Sequence[str]) -> str | None:
+def focus_of(episode: ExplorationEpisode, solution: Sequence[str], states: StatePatterns | None = None
+             ) -> str | None:
     """The episode's focus when the solution makes it (calls the unexplored tool; makes the unexplored order's
-    calls one right after the other), else None."""
+    calls one right after the other; its last call acts in the unexplored state, by the env's `states`), else
+    None."""
     if not episode.focus:
         return None
+    if is_state_pattern(episode.focus):
+        calls = [parse_call(text) for text in solution]
+        if states is None or not calls or not all(isinstance(call, ToolCall) for call in calls):
+            return None
+        return episode.focus if states.patterns(calls)[-1] == episode.focus else None  # type: ignore[arg-type]
     names = [call_name(text) for text in solution]
     return episode.focus if holds_order(names, episode.focus.split(PATTERN_SEPARATOR)) else None
 
 
-def focus_solutions(steps: Sequence[Step], focus: str, max_calls: int) -> list[list[Step]]:
+def focus_solutions(steps: Sequence[Step], focus: str, max_calls: int, states: StatePatterns | None = None
+                    ) -> list[list[Step]]:
     """Every solution that ends in a call of `focus` among `steps` (an episode's successful calls): that call,
     preceded by up to `max_calls - 1` of the calls before it, in episode order; shorter solutions first, then
     earlier focus calls, then nearer preceding calls. Repeated solutions (the same call texts) appear once.
-    A focus that is an order (`cd > ls`) keeps the solutions whose last calls are that order's tools, in turn."""
+    A focus that is an order (`cd > ls`) keeps the solutions whose last calls are that order's tools, in turn; a
+    focus that is a state (`cat@folder`) those whose last call acts in that state by the env's `states`, run from
+    the start, and of those, per acting call, only the shortest (the calls that reach the state, nothing more)."""
     from itertools import combinations
 
-    order = focus.split(PATTERN_SEPARATOR)
+    state = is_state_pattern(focus)
+    order = [state_tool(focus)] if state else focus.split(PATTERN_SEPARATOR)
     found: list[tuple[int, int, int, list[Step]]] = []
     for end, step in enumerate(steps):
         if step.call is None or step.call.name != order[-1]:
@@ -149,8 +164,13 @@ def focus_solutions(steps: Sequence[Step], focus: str, max_calls: int) -> list[l
                 solution = [steps[index] for index in chosen] + [step]
                 if [s.call.name if s.call is not None else None for s in solution[-len(order):]] != order:
                     continue
+                if state and (states is None or states.patterns([s.call for s in solution])[-1] != focus):
+                    continue
                 distance = sum(end - index for index in chosen)
                 found.append((extra + 1, end, distance, solution))
+    if state:  # per acting call, only the shortest solutions that reach its state: a leading `ls()` is not needed
+        shortest = {end: min(size for size, at, _, _ in found if at == end) for _, end, _, _ in found}
+        found = [item for item in found if item[0] == shortest[item[1]]]
     solutions: list[list[Step]] = []
     seen: set[tuple[str, ...]] = set()
     for _, _, _, solution in sorted(found, key=lambda item: item[:3]):
@@ -177,15 +197,16 @@ class TemplateAbstractor:
             task = tasks[episode.task_id]
             if task.id not in docs_by_task:
                 docs_by_task[task.id] = {doc["name"]: doc for doc in _tool_docs(env, task)}
-            results.append(self._one(episode, task, docs_by_task[task.id]))
+            results.append(self._one(episode, task, docs_by_task[task.id], env.states))
         return results
 
-    def _one(self, episode: ExplorationEpisode, task: Task, docs: Mapping[str, Mapping[str, Any]]) -> Abstraction:
+    def _one(self, episode: ExplorationEpisode, task: Task, docs: Mapping[str, Mapping[str, Any]],
+             states: StatePatterns) -> Abstraction:
         steps = useful_steps(episode)
         windows: list[list[Step]] = []
         seen: set[tuple[str, ...]] = set()
         if episode.focus:
-            windows = focus_solutions(steps, episode.focus, self.max_solution_calls)
+            windows = focus_solutions(steps, episode.focus, self.max_solution_calls, states)
         for length in range(1, self.max_solution_calls + 1) if not episode.focus else ():  # shortest first
             for start in range(0, len(steps) - length + 1):
                 window = steps[start:start + length]
@@ -352,7 +373,7 @@ class LLMAbstractor:
                 candidates = tuple(
                     Candidate.create(task.env, item["intent"], item["query"], item["solution"], task.initial_state,
                                      candidate_meta(task, item["solution"]), task.id, episode.signal, episode.id,
-                                     self.name, focus_of(episode, item["solution"]))
+                                     self.name, focus_of(episode, item["solution"], env.states))
                     for item in parsed
                 )
                 results[episode_id] = Abstraction(episode_id, candidates, None, attempts[episode_id])

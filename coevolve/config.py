@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
+from coevolve.curriculum import CurriculumConfig
 from coevolve.config_text import MAX_CONFIG_BYTES, ConfigError, apply_overrides, read_yaml
 from coevolve.explore import ExploreConfig
 from coevolve.jsonl import atomic_write_text
@@ -252,8 +253,23 @@ class LoopSection:
     """D_0: the env's tasks (`entries`), or (`explored`: the paper's BFCL protocol) what one synthesis pass over
     `synthetic_contexts` random entries admits; entries then only start explorations, so all may be evaluated."""
 
+    sampler: Literal["uniform", "history"] = "uniform"
+    """How each iteration's sample of D_t is drawn: `uniform` (the paper's; weighed only by `signal_weights`) or
+    `history`: each task weighed by its own tries, new tasks soon after admission, learnable ones (mixed outcomes)
+    favoured, mastered and failing ones decaying and retested now and then (`coevolve.curriculum`). Not with
+    `recur_fraction`: the history sampler retests solved tasks itself."""
+    curriculum: dict[str, float] = dataclasses.field(default_factory=dict)
+    """The history sampler's weights, key by key (`coevolve.curriculum.CurriculumConfig`: window, never_tried,
+    learnable, mastered, failing, floor); empty: its defaults."""
+
     def __post_init__(self) -> None:
         BatchMix(signal_weights=self.signal_weights)  # an unknown kind or a bad weight: ValueError, named
+        CurriculumConfig.of(self.curriculum)  # an unknown key or a bad weight: ValueError, named
+        if self.sampler == "history" and self.recur_fraction:
+            raise ValueError("loop.sampler: history retests solved tasks itself (coevolve.curriculum); set "
+                             "loop.recur_fraction: 0 with it")
+        if self.curriculum and self.sampler != "history":
+            raise ValueError("loop.curriculum weighs the history sampler only: set loop.sampler: history")
 
 
 @dataclass(frozen=True)

@@ -47,12 +47,16 @@ from typing import Any, Iterable, Mapping, Sequence
 from coevolve.envs.base import Env, step_failure
 from coevolve.policy.backends import SamplingConfig
 from coevolve.records import ExplorationContext, ExplorationEpisode, SignalEvent, Step, Task, ToolCall, Trajectory
+from coevolve.schemas import schema_choice
 from coevolve.signals import PATTERN_SEPARATOR, holds_order
+from coevolve.states import STATE_SEPARATOR, Route, is_state_pattern, state_tool
 
 MAX_EVIDENCE_STEPS = 8
 """Failing steps kept in a forgetting context (the prompt of an LLM explorer stays short)."""
 MAX_VALUE_CHARS = 64
 """Longest string an explorer reuses as an argument value."""
+STATE_RETRIES = 8
+"""Redraws of a refused call on the route to an action state (`cd` into a listed name that is a file)."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,13 @@ def build_context(event: SignalEvent, task: Task, trajectories: Mapping[str, Tra
             focus_calls = [step.call for step in steps_at]
         focus_tools += [call.name for call in truth]
         focus_calls += list(truth)
+    elif event.kind == "rare" and event.evidence.get("unexplored_state"):
+        pattern = str(event.evidence["unexplored_state"])  # `cat@folder`: reach the state, then act there
+        return ExplorationContext(
+            id=f"rare-state-{pattern.replace(STATE_SEPARATOR, '-at-')}-{task.id}-i{event.iteration}", task_id=task.id,
+            signal="rare", iteration=event.iteration, focus_tools=(state_tool(pattern),),
+            evidence={"patterns": {pattern: 0.0}, "unexplored_state": pattern,
+                      "reached": event.evidence.get("reached", 0)})
     elif event.kind == "rare" and event.evidence.get("unexplored"):
         tool = str(event.evidence["unexplored"])  # a tool, or an order of tools (`cd > ls`)
         return ExplorationContext(
@@ -222,6 +233,10 @@ def describe(context: ExplorationContext, task: Task, step_budget: int) -> str:
         if split:
             lines.append(f"Its successful and failed attempts part at step {split['step_index'] + 1}: "
                          f"{split.get('success_call')} (worked) versus {split.get('failure_call')} (failed).")
+    elif context.signal == "rare" and is_state_pattern(context.focus_tool):
+        tool, _, state = str(context.focus_tool).partition(STATE_SEPARATOR)
+        lines.append(f"Hardly any task or agent has called {tool} in this state: {state or 'no arguments'}. Reach "
+                     f"that state first, with names you have just seen, then call {tool} there.")
     elif context.signal == "rare" and context.focus_tool and PATTERN_SEPARATOR in context.focus_tool:
         first, *rest = context.focus_tool.split(PATTERN_SEPARATOR)
         lines.append(f"No agent has called {first} and then {' then '.join(rest)} right after it yet. Do that at "
@@ -301,66 +316,6 @@ def observation_values(observation: str) -> list[str]:
     return _usable(found)
 
 
-FILLABLE_TYPES = ("string", "integer", "number", "float", "boolean", "array", "object")
-
-
-def schema_choice(schema: Mapping[str, Any], defs: Mapping[str, Any], rng: random.Random | None = None
-                  ) -> Mapping[str, Any] | None:
-    """The schema a value is drawn from: a local `$ref` (`#/$defs/Card`) resolved, one option of an
-    `anyOf`/`oneOf` or of a list of types other than null (drawn, or the first without `rng`); None when nothing
-    can be drawn (null only, an unknown reference)."""
-    for _ in range(8):
-        reference = schema.get("$ref")
-        if not isinstance(reference, str):
-            break
-        schema = defs.get(reference.rsplit("/", 1)[-1]) if reference.startswith("#/") else None
-        if not isinstance(schema, Mapping):
-            return None
-    options = schema.get("anyOf") or schema.get("oneOf")
-    if isinstance(options, list):
-        usable = [option for option in options if isinstance(option, Mapping) and option.get("type") != "null"]
-        if not usable:
-            return None
-        merged = {key: value for key, value in schema.items() if key not in ("anyOf", "oneOf")}
-        return schema_choice({**merged, **(rng.choice(usable) if rng else usable[0])}, defs, rng)
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        kinds = [item for item in kind if item != "null"]
-        return {**schema, "type": kinds[0]} if kinds else None
-    return schema
-
-
-def unfillable_arguments(docs: Sequence[Mapping[str, Any]]) -> list[str]:
-    """`tool(argument)` for each required argument the offline explorer cannot draw a value for (a type it does
-    not know, `allOf`/`not`, a reference it cannot resolve), so a run can refuse before anything slow."""
-    found = []
-    for doc in docs:
-        parameters = doc.get("parameters") or {}
-        defs = {**(parameters.get("definitions") or {}), **(parameters.get("$defs") or {})}
-        for name in parameters.get("required") or ():
-            schema = (parameters.get("properties") or {}).get(name)
-            if not isinstance(schema, Mapping) or not _fillable(schema, defs, 0):
-                found.append(f"{doc.get('name')}({name})")
-    return found
-
-
-def _fillable(schema: Mapping[str, Any], defs: Mapping[str, Any], depth: int) -> bool:
-    chosen = schema_choice(schema, defs)
-    if chosen is None or depth > 8 or "allOf" in chosen or "not" in chosen:
-        return False
-    if "const" in chosen or chosen.get("enum"):
-        return True
-    kind = chosen.get("type", "string")
-    if kind == "array":
-        items = chosen.get("items") or {}
-        return not chosen.get("minItems") or (isinstance(items, Mapping) and _fillable(items, defs, depth + 1))
-    if kind == "object":
-        properties = chosen.get("properties") or {}
-        return all(isinstance(properties.get(name), Mapping) and _fillable(properties[name], defs, depth + 1)
-                   for name in chosen.get("required") or ())
-    return kind in FILLABLE_TYPES
-
-
 def _made_prefix(names: Sequence[str], order: Sequence[str]) -> int:
     """The length of the longest proper prefix of `order` that `names` ends with (0 when none)."""
     return next((size for size in range(len(order) - 1, 0, -1) if list(names[-size:]) == list(order[:size])), 0)
@@ -390,6 +345,8 @@ class OfflineExplorer:
 
     def _episode(self, env: Env, context: ExplorationContext, task: Task, index: int,
                  rng: random.Random) -> ExplorationEpisode:
+        if is_state_pattern(context.focus_tool):
+            return self._state_episode(env, context, task, index, rng)
         started = time.perf_counter()
         episode = env.reset(task)
         from_state = state_values(task.initial_state)
@@ -431,6 +388,43 @@ class OfflineExplorer:
         return ExplorationEpisode(f"{context.id}-{self.name}-e{index}", context.id, task.id, context.signal,
                                   self.name, tuple(steps), time.perf_counter() - started, focus=focus)
 
+    def _state_episode(self, env: Env, context: ExplorationContext, task: Task, index: int,
+                       rng: random.Random) -> ExplorationEpisode:
+        """An episode sent to an action state (`cat@folder`): the env's route to it, each call on values the episode
+        has just observed and drawn again when refused, then the state's tool as often as the budget allows."""
+        started, focus = time.perf_counter(), str(context.focus_tool)
+        route = env.states.route(focus)
+        episode, from_state = env.reset(task), state_values(task.initial_state)
+        recent: list[str] = []
+        steps: list[Step] = []
+        tried: set[str] = set()  # the calls made so far, refused or not: a redraw gives another when it can
+        attempts = 1 + max(self.config.focus_retries, STATE_RETRIES)
+        plan = [*route.before, *[route.tool] * max(1, self.config.step_budget - len(route.before))]
+        for position, tool in enumerate(plan):
+            doc = next((d for d in episode.tools() if d["name"] == tool), None)
+            if episode.done or doc is None:
+                break
+            reached = False
+            for _ in range(attempts):
+                call = ToolCall(tool, self._arguments(doc, context, recent, from_state, rng, route))
+                for _redraw in range(8):  # not a call made before (`ls()` has no other: it repeats)
+                    if call.to_python() not in tried:
+                        break
+                    call = ToolCall(tool, self._arguments(doc, context, recent, from_state, rng, route))
+                made = episode.act([call])
+                steps.extend(made)
+                tried.add(call.to_python())
+                if any(step_failure(step) is not None for step in made):
+                    continue
+                recent = next((seen for step in reversed(made) if (seen := observation_values(step.observation))),
+                              recent)
+                reached = True
+                break
+            if not reached and position < len(route.before):
+                break  # the state was not reached: a call now would act elsewhere
+        return ExplorationEpisode(f"{context.id}-{self.name}-e{index}", context.id, task.id, context.signal,
+                                  self.name, tuple(steps), time.perf_counter() - started, focus=focus)
+
     def _pick_tool(self, docs: Sequence[Mapping[str, Any]], context: ExplorationContext,
                    rng: random.Random) -> Mapping[str, Any]:
         focused = [doc for doc in docs if doc["name"] in context.focus_tools]
@@ -439,18 +433,22 @@ class OfflineExplorer:
         return rng.choice(list(docs))
 
     def _arguments(self, doc: Mapping[str, Any], context: ExplorationContext, recent: list[str],
-                   from_state: list[str], rng: random.Random) -> dict[str, Any]:
+                   from_state: list[str], rng: random.Random, route: Route | None = None) -> dict[str, Any]:
         parameters = doc.get("parameters") or {}
         defs = {**(parameters.get("definitions") or {}), **(parameters.get("$defs") or {})}
-        return self._object(parameters, defs, context, recent, from_state, rng)
+        exact = route.arguments if route is not None and route.exact and doc.get("name") == route.tool else None
+        return self._object(parameters, defs, context, recent, from_state, rng, exact)
 
     def _object(self, schema: Mapping[str, Any], defs: Mapping[str, Any], context: ExplorationContext,
-                recent: list[str], from_state: list[str], rng: random.Random) -> dict[str, Any]:
+                recent: list[str], from_state: list[str], rng: random.Random,
+                exact: Sequence[str] | None = None) -> dict[str, Any]:
+        """An object's properties: the required ones and optional ones at `optional_argument_rate`, or, when
+        `exact` names them (a state's acting call, `states.Route.exact`), those properties and no others."""
         properties = schema.get("properties") or {}
-        required = set(schema.get("required") or ())
+        required = set(schema.get("required") or ()) if exact is None else set(exact)
         arguments: dict[str, Any] = {}
         for name, value_schema in properties.items():
-            if name not in required and rng.random() >= self.config.optional_argument_rate:
+            if name not in required and (exact is not None or rng.random() >= self.config.optional_argument_rate):
                 continue
             value = self._value(name, value_schema if isinstance(value_schema, Mapping) else {}, context, recent,
                                 from_state, rng, defs)

@@ -55,7 +55,9 @@ Where this departs from the paper (the one list; the modules named say more):
    sets a share, `loop.signal_weights` weighs synthetic tasks by signal; `unexplored`: tasks made for a tool no
    rollout had called); the paper does not say how D_t is sampled. `loop.recur_fraction` gives a share of the
    sample to recently solved tasks: forgetting compares a task's rate with its own history, which a uniform sample
-   of a pool hundreds of tasks large gives almost no task.
+   of a pool hundreds of tasks large gives almost no task. `loop.sampler: history` (off by default) weighs each
+   task by its own tries instead (`coevolve.curriculum`): never tried soon after admission, mixed outcomes
+   favoured, mastered and failing tasks decaying but retested; metrics.jsonl's `draw` counts what each sample held.
 7. `grpo.guidance: solution` (off by default): a group whose K rollouts all fail on a task with a verified solution
    trains on that solution in place of one rollout, LUFFY-style off-policy guidance (`coevolve.guidance`); the
    signals, train success and the report read the policy's own rollouts only.
@@ -63,6 +65,11 @@ Where this departs from the paper (the one list; the modules named say more):
    rollout called (the paper's rare needs c_p > 0); its exploration must call the tool and its abstraction keeps
    the shortest solutions that end in it (`coevolve.signals`, `coevolve.explore`, `coevolve.abstract`); with
    `signals.unexplored_orders` also on an ordered pair of tools no rollout made (validation: `order_free`).
+9. `signals.unexplored_states: true` (off by default): rare also fires on an action state (`tool@state`, the env's
+   `states`: BFCL's working directory, other envs' arguments given) that D_{t-1}'s solutions and the iteration's
+   rollouts reached fewer than `signals.rare_below` times; these contexts come before the kinds' turns of note 3;
+   their exploration reaches the state first, on values it has observed, and abstraction keeps the shortest
+   solution whose last call acts there (`coevolve.states`).
 
 The run directory:
     config.yaml          the resolved config
@@ -70,7 +77,9 @@ The run directory:
                          the synthesis summary (candidates, accepted, rejected by code, skipped), pool size by source,
                          seconds per phase (train, signals, synthesis, eval) and of the train phase by part
                          (`train_seconds`: rollout, loss, optimizer, logging, save, resume), the feedback share,
-                         guided rollouts, synthesized tasks calling a tool D_0 never calls (`new_tool_tasks`)
+                         guided rollouts, synthesized tasks calling a tool D_0 never calls (`new_tool_tasks`),
+                         what the sample held (`draw`), synthesized tasks reaching a state D_0 never reaches
+                         (`state_tasks`)
     steps.jsonl          one line per optimizer step: TRL's loss/reward/KL/clip ratios + our rollout summary
     rollouts.jsonl       one line per trajectory trained on (iteration, step, calls, score, reasons, `guided`; no
                          token ids);
@@ -96,15 +105,17 @@ import math
 import random
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from coevolve.config import Config
+from coevolve.curriculum import CurriculumConfig, pool_draw_summary, pool_weights
 from coevolve.envs.base import Env
 from coevolve.explore import random_contexts
 from coevolve.jsonl import JsonLines, atomic_write_text
+from coevolve.metrics import IterationMetrics, RunResult
 from coevolve.pool import BatchMix, TaskPool, recently_solved
 from coevolve.records import SIGNAL_KINDS, ExplorationContext, Task, Trajectory
 from coevolve.report import write_report
@@ -114,68 +125,13 @@ from coevolve.run_setup import (METRICS, Heldout, PhaseTimer, build_env, build_e
                                 process_state, resolve_config, resume_plan, run_logging, success_by, summary_of,
                                 summary_table, write_run_config)
 from coevolve.signals import SignalReport, extract_signals
+from coevolve.states import new_state_tasks, state_coverage
 from coevolve.synthesis import (Deadline, Stage, SynthesisResult, abstract, build_abstractor, build_explorer, explore,
                                 signal_contexts, synthesis_result, validate)
 from coevolve.validate import Validator
 
 STEPS, ROLLOUTS, SAMPLES, LINEAGE, HELDOUT = (
     "steps.jsonl", "rollouts.jsonl", "samples.jsonl", "synthesis.jsonl", "heldout.jsonl")
-
-
-@dataclass(frozen=True)
-class IterationMetrics:
-    """One line of metrics.jsonl: what iteration t did (iteration 0: the policy before training)."""
-
-    iteration: int
-    steps: tuple[int, int] | None
-    """First and last optimizer step of the iteration (None for iteration 0)."""
-    train_success: float | None
-    """Success rate of the iteration's training rollouts."""
-    heldout_success: float | None
-    """Greedy success on the held-out set (None when not evaluated this iteration)."""
-    signals: Mapping[str, int]
-    synthesis: Mapping[str, Any]
-    """`SynthesisResult.summary()`: contexts, candidates, accepted, rejected by code, skipped, seconds per stage."""
-    pool: Mapping[str, int]
-    """D_t's size by source after the iteration."""
-    failures: Mapping[str, int]
-    """The iteration's training rollouts that failed outside the agent, by cause: `backend` (generation backend or
-    endpoint) and `environment` (the env's worker crashed or hung; AppWorld then starts a fresh worker, so this
-    also counts restarts)."""
-    seconds: Mapping[str, float]
-    """Wall seconds per phase: train, signals, synthesis, eval."""
-    feedback_share: float
-    """(signals + synthesis) / (train + signals + synthesis + eval) seconds: the paper's "feedback" cost."""
-    heldout_by_calls: Mapping[str, float] = field(default_factory=dict)
-    """Held-out success by the number of calls in the task's ground truth ("1", "2", ...): the coverage-shift
-    setting's shifted part (tasks longer than any in D_0) and the rest, apart."""
-    heldout_by_tools: Mapping[str, float] = field(default_factory=dict)
-    """Held-out success on tasks whose ground truth calls only tools some task of D_0 calls (`seen`) and on those
-    calling at least one tool D_0 never calls (`unseen`): the tool-shift setting's shifted part and the rest."""
-    patterns: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
-    """`SignalReport.pattern_summary()`: per n-gram size, the action patterns seen (total, distinct), the rare ones
-    and the θ that decided it."""
-    train_seconds: Mapping[str, float] = field(default_factory=dict)
-    """The train phase's seconds by part, summed over the iteration's steps (`coevolve.train_calls`): rollout, loss,
-    optimizer, logging, save, resume."""
-    guided: int = 0
-    """Guided rollouts trained on in the iteration (`grpo.guidance`): all-failure groups given their solution."""
-    new_tool_tasks: Mapping[str, int] = field(default_factory=dict)
-    """Synthesized tasks in D_t whose solution calls a tool no task of D_0 calls (`admitted`), and how many of
-    those are one call long (`one_call`): what exploration found of the part D_0 lacks."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return json.loads(json.dumps(asdict(self)))
-
-
-@dataclass(frozen=True)
-class RunResult:
-    output_dir: Path
-    start_step: int
-    final_step: int
-    seconds: float
-    first_success: float | None
-    last_success: float | None
 
 
 # ===============================================================================================================
@@ -202,7 +158,8 @@ def coevolve_iteration(run: "Run", t: int) -> IterationMetrics | None:
     run.wait_for_everyone()
     with timer("eval"):
         heldout = evaluate_heldout(run, t)
-    return record_iteration(run, t, trajectories, report, synthesis, heldout, timer.seconds) if run.is_main else None
+    return (record_iteration(run, t, trajectories, report, synthesis, heldout, timer.seconds, tasks)
+            if run.is_main else None)
 
 
 def evaluate_before_training(run: "Run") -> IterationMetrics | None:
@@ -215,7 +172,8 @@ def evaluate_before_training(run: "Run") -> IterationMetrics | None:
 
 
 def sample_tasks(run: "Run", t: int) -> list[Task]:
-    """1. The tasks of iteration t's slots: a seeded sample of D_{t-1} (the same on every resume). A share
+    """1. The tasks of iteration t's slots: a seeded sample of D_{t-1} (the same on every resume), uniform or weighed
+    by each task's own tries (`loop.sampler: history`, `coevolve.curriculum`). With the uniform draw a share
     (`loop.recur_fraction`) goes to tasks solved in one of their last W iterations, so that forgetting can fire."""
     loop, signals, seed = run.config.loop, run.config.signals, run.config.run.seed * 7_919 + t
     rng = random.Random(seed)
@@ -223,11 +181,14 @@ def sample_tasks(run: "Run", t: int) -> list[Task]:
                                     round(loop.recur_fraction * run.slots), rng) if loop.recur_fraction else []
     by_id = {task.id: task for task in run.pool.tasks_at(t - 1)} if recurring_ids else {}
     recurring = [by_id[task_id] for task_id in recurring_ids if task_id in by_id]
-    never = dict.fromkeys(recurring_ids, 0.0)  # weight 0: not drawn twice
+    weights: dict[str, float] = {}
+    if loop.sampler == "history":
+        weights = pool_weights(run.pool, t, CurriculumConfig.of(loop.curriculum), run.config.grpo.guidance != "off")
+    weights.update(dict.fromkeys(recurring_ids, 0.0))  # weight 0: not drawn twice
     if loop.d0 == "explored":  # the env's own tasks only start explorations: never trained on
-        never.update(dict.fromkeys((task.id for task in run.pool.tasks_at(0, "seed")), 0.0))
+        weights.update(dict.fromkeys((task.id for task in run.pool.tasks_at(0, "seed")), 0.0))
     drawn = run.pool.sample(t - 1, run.slots - len(recurring), rng_seed=seed,
-                            config=BatchMix(loop.synthetic_fraction, loop.signal_weights), weights=never)
+                            config=BatchMix(loop.synthetic_fraction, loop.signal_weights), weights=weights)
     tasks = recurring + drawn
     if recurring:
         rng.shuffle(tasks)  # recurring tasks spread over the iteration's steps, not all in its first
@@ -276,7 +237,9 @@ def mine_signals(run: "Run", t: int, trajectories: Sequence[Trajectory]) -> Sign
     tasks = run.tasks_before(t)
     exposed = exposed_tools(run.env, [tasks[i] for i in dict.fromkeys(tr.task_id for tr in own) if i in tasks]) \
         if run.config.signals.unexplored else None
-    report = extract_signals(own, history, run.config.signals, t, exposed)
+    space, reached = (state_coverage(run.env, tasks.values(), own) if run.config.signals.unexplored_states
+                      else (None, None))  # the action states each task could reach; c_p over D_{t-1} and `own`
+    report = extract_signals(own, history, run.config.signals, t, exposed, space, reached)
     run.pool.record_success_rates(t, report.success_rates)
     return report
 
@@ -366,7 +329,7 @@ def evaluate_heldout(run: "Run", t: int) -> Heldout | None:
 
 def record_iteration(run: "Run", t: int, trajectories: Sequence[Trajectory], report: SignalReport | None,
                      synthesis: SynthesisResult | None, evaluated: Heldout | None,
-                     seconds: Mapping[str, float]) -> IterationMetrics:
+                     seconds: Mapping[str, float], tasks: Sequence[Task] = ()) -> IterationMetrics:
     """10. The iteration's line of metrics.jsonl: its commit point (a resume redoes an iteration without one)."""
     seconds = {phase: round(seconds.get(phase, 0.0), 3) for phase in ("train", "signals", "synthesis", "eval")}
     feedback = seconds["signals"] + seconds["synthesis"]
@@ -384,6 +347,9 @@ def record_iteration(run: "Run", t: int, trajectories: Sequence[Trajectory], rep
         report.pattern_summary() if report is not None else {},
         run.clock.take() if run.clock is not None and t else {},
         len(trajectories) - len(own), new_tool_tasks(run.pool, t, run.seed_tools),
+        pool_draw_summary(run.pool, t, [task.id for task in tasks], [tr.task_id for tr in own],
+                          CurriculumConfig.of(run.config.loop.curriculum).window).to_dict() if t else {},
+        new_state_tasks(run.env.states, run.pool.tasks_at(0, "seed"), run.pool.tasks_at(t, "synthetic")) if t else {},
     )
     run.metrics_log.append(metrics.to_dict())
     if t == 0:

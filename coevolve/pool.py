@@ -432,6 +432,24 @@ class TaskPool:
         )
         return {task_id: list(map(itemgetter(1), group)) for task_id, group in groupby(rows, itemgetter(0))}
 
+    def tries(self, *, before: int) -> dict[str, list[tuple[int, float]]]:
+        """Task id -> its (iteration, success rate) pairs of iterations < `before`, oldest first: the curriculum's
+        record of each task (`coevolve.curriculum`); tasks never tried are absent."""
+        rows = self._db.execute("SELECT task_id, iteration, success_rate FROM history WHERE iteration < ?"
+                                " ORDER BY task_id, iteration", (before,))
+        return {task_id: [(iteration, rate) for _, iteration, rate in group]
+                for task_id, group in groupby(rows, itemgetter(0))}
+
+    def admissions(self, iteration: int, source: str | None = None) -> dict[str, int]:
+        """Task id -> the first iteration whose D_t held it, for every task of D_iteration (one source, or all), in
+        admission order; no payload is read."""
+        iteration = self._resolve(iteration)
+        if source is not None and source not in TASK_SOURCES:
+            raise ValueError(f"unknown source {source!r}; expected one of {TASK_SOURCES}")
+        return dict(self._db.execute(
+            "SELECT t.id, t.added_iteration FROM membership m JOIN tasks t ON t.id = m.task_id"
+            " WHERE m.iteration = ? AND (? IS NULL OR t.source = ?) ORDER BY t.seq", (iteration, source, source)))
+
 
 def recently_solved(histories: Mapping[str, Sequence[float]], threshold: float, count: int,
                     rng: random.Random) -> list[str]:

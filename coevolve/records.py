@@ -357,8 +357,9 @@ class ExplorationContext(_JsonRecord):
     @property
     def focus_tool(self) -> str | None:
         """The tool no rollout of the iteration called, for a rare event on an unexplored tool
-        (`signals.unexplored`), or the order no rollout made (`cd > ls`): the explorer must make it."""
-        tool = self.evidence.get("unexplored")
+        (`signals.unexplored`), the order no rollout made (`cd > ls`), or the action state D_t and the rollouts
+        barely reached (`cat@folder`, `signals.unexplored_states`): the explorer must make it."""
+        tool = self.evidence.get("unexplored") or self.evidence.get("unexplored_state")
         return tool if isinstance(tool, str) and tool else None
 
     @classmethod

@@ -48,6 +48,16 @@ Where this pins down or departs from the paper
    policy that has every tool can still lack an order (`cd`, then an action in the folder), which no tool-level
    signal names. The pairs are many (up to n(n-1) for n tools) and come in an order drawn per iteration.
 
+6. `unexplored_states` (off by default; not the paper's): the patterns above name tools and their orders, while
+   what a data set lacks may be a *state* an action acts on (D_0's file-system tasks all act at the root, say).
+   Each env says which state a call that ran acts on (`tool@state`, `coevolve.states`: the working directory for
+   BFCL's file system, the arguments given for other tools) and which patterns its exposed tools could reach.
+   c_p is counted over D_{t-1}'s solutions *and* the iteration's rollouts (a state the pool holds is not missing,
+   even when the policy never reached it), and every pattern of the space with c_p < `rare_below` raises one rare
+   event (`unexplored_states`) with the evidence `{"unexplored_state": pattern, "reached": c_p}`: exploration from
+   there must reach that state before acting (`coevolve.explore`). The letter "reached by neither" would be
+   c_p = 0; `rare_below` asks for a few tasks of each state, since one task is one group of K rollouts.
+
 Cost: O(n) in the number of rollouts, about 7 µs per trajectory: 0.7 s for bench/signals.py's synthetic iteration
 of 100,000 trajectories (12,500 tasks, K = 8, 40 tools; 0.8 s for its dense variant) on a 2-core x86_64 VM with
 Python 3.11, median of 5, with other processes busy on both cores. BENCHMARKS.md has the figures of the last run.
@@ -155,6 +165,22 @@ def unexplored_orders(exposed: Mapping[str, Sequence[str]], made: Iterable[str],
     return [(pattern, task_ids[index % len(task_ids)]) for index, (pattern, task_ids) in enumerate(pairs)]
 
 
+def unexplored_states(space: Mapping[str, Sequence[str]], counts: Mapping[str, int], below: int, iteration: int
+                      ) -> list[tuple[str, str]]:
+    """(state pattern `tool@state`, task id) for each pattern of some task's state space (`coevolve.states`) that D_t
+    and the iteration's rollouts reached fewer than `below` times (`counts`: c_p over both), each on a task whose
+    space holds it. The patterns come in an order drawn from `iteration`, the k-th to the k-th task that can reach
+    it (cyclically), as for `unexplored_orders`."""
+    tasks_of: dict[str, list[str]] = {}
+    for task_id, patterns in space.items():
+        for pattern in dict.fromkeys(patterns):
+            if counts.get(pattern, 0) < below:
+                tasks_of.setdefault(pattern, []).append(task_id)
+    pairs = list(tasks_of.items())
+    random.Random(f"unexplored-states:{iteration}").shuffle(pairs)
+    return [(pattern, task_ids[index % len(task_ids)]) for index, (pattern, task_ids) in enumerate(pairs)]
+
+
 def holds_order(tool_names: Sequence[str | None], order: Sequence[str]) -> bool:
     """Whether `order` occurs in `tool_names` as consecutive entries (a one-tool order: whether the tool occurs)."""
     names, wanted = list(tool_names), list(order)
@@ -207,6 +233,9 @@ class SignalConfig:
     unexplored_orders: bool = False
     """With `unexplored`: rare also fires on the ordered pairs of exposed tools that no rollout made one right
     after the other (note 5)."""
+    unexplored_states: bool = False
+    """Rare also fires on the action states (`tool@state`, the env's `states`) that D_t's solutions and the
+    iteration's rollouts reached fewer than `rare_below` times (note 6; not the paper's formula)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 0:
@@ -269,16 +298,21 @@ def extract_signals(
     config: SignalConfig,
     iteration: int,
     exposed: Mapping[str, Sequence[str]] | None = None,
+    state_space: Mapping[str, Sequence[str]] | None = None,
+    state_counts: Mapping[str, int] | None = None,
 ) -> SignalReport:
     """The signal events of one iteration, with each task's success rate and the action-pattern counts.
 
     `history` maps task id -> its success rates (in [0, 1], a list or tuple, oldest first) of *earlier* iterations,
     e.g. `TaskPool.histories(before=iteration, window=config.window)`; a task without one has never been solved.
     Rollouts of a task may come in any order; events follow the order in which tasks first appear, and the
-    unexplored tools' events (note 5; with `config.unexplored` and `exposed`: task id -> its tools) come last.
+    unexplored tools' events (note 5; with `config.unexplored` and `exposed`: task id -> its tools) come last, then
+    the unexplored states' (note 6; with `config.unexplored_states`, `state_space`: task id -> the state patterns it
+    can reach, and `state_counts`: c_p over D_t's solutions and these rollouts), then the unexplored orders'.
     """
     with _gc_paused():
-        return _extract(trajectories, history, config, iteration, exposed or {})
+        return _extract(trajectories, history, config, iteration, exposed or {}, state_space or {},
+                        state_counts or {})
 
 
 @contextmanager
@@ -296,7 +330,8 @@ def _gc_paused() -> Iterator[None]:
 
 
 def _extract(trajectories: Iterable[Trajectory], history: Mapping[str, Sequence[float]], config: SignalConfig,
-             iteration: int, exposed: Mapping[str, Sequence[str]]) -> SignalReport:
+             iteration: int, exposed: Mapping[str, Sequence[str]], state_space: Mapping[str, Sequence[str]],
+             state_counts: Mapping[str, int]) -> SignalReport:
     threshold, window, enabled = config.threshold, config.window, config.enabled
 
     # Each task's rollouts (with their tool names, read once), tasks in order of first appearance.
@@ -367,6 +402,12 @@ def _extract(trajectories: Iterable[Trajectory], history: Mapping[str, Sequence[
         for tool, task_id in unexplored_tools({task: exposed[task] for task in groups if task in exposed}, called):
             events.append(SignalEvent("rare", task_id, iteration, (), {
                 "unexplored": tool, "frequencies": {tool: 0.0}}))
+    if "rare" in enabled and config.unexplored_states:
+        for pattern, task_id in unexplored_states({task: state_space[task] for task in groups if task in state_space},
+                                                  state_counts, config.rare_below, iteration):
+            events.append(SignalEvent("rare", task_id, iteration, (), {
+                "unexplored_state": pattern, "reached": state_counts.get(pattern, 0), "frequencies": {pattern: 0.0}}))
+    if "rare" in enabled and config.unexplored:
         if config.unexplored_orders:
             made = {pattern for group in groups.values() for _, names in group
                     for pattern in action_patterns(names, (2,))}

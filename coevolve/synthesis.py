@@ -107,12 +107,19 @@ def signal_contexts(events: Sequence[SignalEvent], tasks: Mapping[str, Task], tr
     """One context per event whose task is known, at most `max_contexts`: the kinds take turns (forgetting,
     boundary, rare, forgetting, ...), each kind's events in their order, so that a cap never leaves a kind that
     fired unexplored (boundary events alone would fill it at every iteration: most groups of a learning policy
-    are mixed) and a signal ablation changes what is explored."""
-    by_kind = {kind: [e for e in events if e.kind == kind and e.task_id in tasks] for kind in SIGNAL_KINDS}
+    are mixed) and a signal ablation changes what is explored. Rare events on the action states D_t lacks come
+    first, before the turns (their comment says why)."""
+    # A state D_t lacks (`signals.unexplored_states`) is explored before the kinds take turns: bench/state_yield.py
+    # measured, with no training, that boundary-like contexts yield fewer tasks of what D_0 lacks than random ones
+    # (they steer toward the tasks' own tools), its contexts many more. The events stop once D_t holds the state.
+    states = [e for e in events if e.kind == "rare" and e.evidence.get("unexplored_state") and e.task_id in tasks]
+    by_kind = {kind: [e for e in events if e.kind == kind and e.task_id in tasks
+               and not e.evidence.get("unexplored_state")]
+               for kind in SIGNAL_KINDS}
     # Rare events on unexplored tools (`signals.unexplored`: what the policy never did at all) lead the rare turn.
     by_kind["rare"].sort(key=lambda event: not event.evidence.get("unexplored"))
-    ordered = [queue[turn] for turn in range(max((len(q) for q in by_kind.values()), default=0))
-               for queue in by_kind.values() if turn < len(queue)]
+    ordered = states + [queue[turn] for turn in range(max((len(q) for q in by_kind.values()), default=0))
+                        for queue in by_kind.values() if turn < len(queue)]
     return [build_context(event, tasks[event.task_id], trajectories) for event in ordered[:max_contexts]]
 
 

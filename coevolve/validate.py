@@ -31,7 +31,9 @@ Stage 3, execution (a fresh episode from the candidate's initial state, one call
     not_reproducible   a second fresh execution gives other results or another final state
     order_free         a task made for an order of tools (`cd > ls`, focus of `signals.unexplored_orders`) whose
                        last call gives the same answer and makes the same change without the order's earlier
-                       calls (`touch(file_name='a')` then `touch(file_name='b')`): it teaches no order
+                       calls (`touch(file_name='a')` then `touch(file_name='b')`): it teaches no order; or made
+                       for an action state (`cat@folder`, `signals.unexplored_states`) whose last call does the
+                       same alone, from the start: it does not need the state
     unsolvable         the env's own score of the solution (its checks, with the solution as ground truth) < 1
 
 `task_similarity` = (query_similarity + solution_similarity) / 2, where query_similarity is the Jaccard index of
@@ -59,6 +61,7 @@ from coevolve.envs.base import Env, step_failure
 from coevolve.pool import normalise_call, normalise_query
 from coevolve.records import Candidate, Provenance, Task, ToolCall, Verdict, canonical_json, content_hash
 from coevolve.signals import PATTERN_SEPARATOR
+from coevolve.states import is_state_pattern
 
 REJECTION_CODES = ("malformed", "too_large", "private_function", "unparseable", "unknown_function", "path_escape",
                    "unsafe_argument", "duplicate", "execution_error", "no_effect", "redundant", "not_reproducible",
@@ -358,7 +361,10 @@ class Validator:
     def _order_free(self, c: Candidate, observations: Sequence[str], states: Sequence[Any], initial: Any) -> bool:
         """Whether the solution's last call answers and changes the state the same with the order's earlier calls
         left out (run from the same start): then the order is not what the task needs."""
-        order = c.focus_tool.split(PATTERN_SEPARATOR) if c.focus_tool else []
+        if is_state_pattern(c.focus_tool):  # a state's task needs the calls before its last one: drop them all
+            order = list(c.solution)
+        else:
+            order = c.focus_tool.split(PATTERN_SEPARATOR) if c.focus_tool else []
         if len(order) < 2 or len(c.solution) < len(order) or len(observations) != len(c.solution):
             return False
         kept = list(c.solution[:-len(order)]) + [c.solution[-1]]
@@ -389,7 +395,8 @@ class Validator:
         if again_failure is not None or again != observations or again_states[-1] != states[-1]:
             what = "results" if again != observations else "final state"
             return [f"not_reproducible: a second execution from the same initial state gave other {what}"]
-        if c.focus_tool and PATTERN_SEPARATOR in c.focus_tool and self._order_free(c, observations, states, initial):
+        if (c.focus_tool and (PATTERN_SEPARATOR in c.focus_tool or is_state_pattern(c.focus_tool))
+                and self._order_free(c, observations, states, initial)):
             return [f"order_free: {c.solution[-1][:80]!r} answers and acts the same without the calls before it in "
                     f"the order {c.focus_tool!r}"]
         key = start_key(c.env, c.initial_state, c.meta)

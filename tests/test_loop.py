@@ -19,7 +19,7 @@ from support import ls_tasks, run_record, write_tasks
 REPO = Path(__file__).resolve().parent.parent
 FIELDS = {"iteration", "steps", "train_success", "heldout_success", "signals", "synthesis", "pool", "failures",
           "seconds", "feedback_share", "heldout_by_calls", "heldout_by_tools",
-          "patterns", "train_seconds", "guided", "new_tool_tasks"}
+          "patterns", "train_seconds", "guided", "new_tool_tasks", "draw", "state_tasks"}
 
 
 def settings(model_dir: Path, tasks_file: Path, mode: str, *extra: str) -> list[str]:
@@ -297,3 +297,39 @@ def test_heldout_parts_by_hand():
                                heldout_by_tools={"seen": 0.663, "unseen": 0.0})
     assert heldout_text(metrics) == "0.438 (seen tools 0.663, unseen tools 0.000)"  # one part by calls: not shown
     assert heldout_text(replace(metrics, heldout_success=None)) == "-"
+
+
+def test_the_history_sampler_and_the_state_rare_steer_a_run_and_say_what_the_draw_held(tmp_path, ls_policy_dir):
+    """loop.sampler: history with signals.unexplored_states: D_0's tasks all list the start, so every `@folder`
+    state is missing and raises rare events whose explorations admit tasks acting in a folder; metrics.jsonl's
+    `draw` counts each sample by standing and the rollouts the tasks admitted after the last iteration got, and
+    those counts agree with samples.jsonl, rollouts.jsonl and the pool."""
+    tasks_file = write_tasks(ls_tasks(8), tmp_path / "tasks.jsonl")
+    out = tmp_path / "steered"
+    run(None, settings(ls_policy_dir, tasks_file, "coevolve", "run.max_steps=3", "loop.sampler=history",
+                       "signals.unexplored_states=true", "loop.eval_before_training=false", "loop.eval_every=0"),
+        str(out), say=lambda text: None)
+    metrics = read_jsonl(out / "metrics.jsonl")[1:]
+    samples = {row["iteration"]: row["task_ids"] for row in read_jsonl(out / "samples.jsonl")}
+    rollouts = read_jsonl(out / "rollouts.jsonl")
+    assert [m["iteration"] for m in metrics] == [1, 2, 3]
+    first = metrics[0]["draw"]
+    assert first["tasks"] == 2 and first["never_tried"] == 2 and first["admitted_last_pool"] == 0
+    for m in metrics:
+        draw = m["draw"]
+        assert draw["tasks"] == len(samples[m["iteration"]]) == 2
+        assert sum(draw[kind] for kind in ("never_tried", "learnable", "mastered", "failing")) == draw["tasks"]
+    lineage = read_jsonl(out / "synthesis.jsonl")
+    steered = [row for row in lineage if str(row.get("context_id") or "").startswith("rare-state-")]
+    assert steered, "no exploration was sent to a missing state"
+    with TaskPool(out / "pool.sqlite") as pool:
+        admitted = pool.admissions(2, source="synthetic")
+        fresh = {task_id for task_id, first_at in admitted.items() if first_at == 2}
+        in_folder = [t for t in pool.tasks_at(3, "synthetic") if (t.provenance.focus_tool or "").endswith("@folder")]
+    assert in_folder and all(t.truth_tools[0] == "cd" for t in in_folder)  # they act in a folder they enter
+    third = metrics[2]["draw"]
+    own = [r for r in rollouts if r["iteration"] == 3 and not r.get("guided")]
+    assert third["admitted_last_pool"] == len(fresh)
+    assert third["admitted_last_rollouts"] == sum(1 for r in own if r["task_id"] in fresh)
+    assert third["admitted_last"] == sum(1 for task_id in samples[3] if task_id in fresh)
+    assert metrics[-1]["state_tasks"]["admitted"] >= len(in_folder) and metrics[-1]["state_tasks"]["steered"] > 0

@@ -383,7 +383,7 @@ def test_validation_runs_each_candidate_twice_in_fresh_servers_and_catches_a_ran
 
 
 def test_a_schema_the_offline_explorer_cannot_fill_is_refused_before_a_run(tmp_path, monkeypatch):
-    from coevolve.explore import unfillable_arguments
+    from coevolve.schemas import unfillable_arguments
 
     docs = [{"name": "plot", "parameters": {"type": "object", "required": ["points", "label", "style"],
                                             "properties": {"points": {"type": "array", "items": {"type": "number"}},

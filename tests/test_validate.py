@@ -12,6 +12,7 @@ from coevolve.envs.base import step_failure
 from coevolve.envs.bfcl_lite import BFCLLiteEnv
 from coevolve.evaluate import evaluate, oracle_script
 from coevolve.records import Candidate, Score, Step, Task, ToolCall
+from coevolve.states import ARGUMENT_STATES
 from coevolve.validate import (REJECTION_CODES, ValidationConfig, Validator, query_similarity, solution_similarity,
                                task_similarity)
 
@@ -84,6 +85,7 @@ class _DiceEpisode:
 
 class DiceEnv:
     name = "dice"
+    states = ARGUMENT_STATES
 
     def tasks(self):
         return [Task.create("dice", "dice_0", [[{"role": "user", "content": "Roll."}]], {"rolls": []}, [["roll()"]])]

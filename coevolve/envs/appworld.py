@@ -40,6 +40,7 @@ from coevolve.envs.appworld_process import (SPLITS, AppWorldConfig, AppWorldUnav
                                             WorkerProcess, download_hint)
 from coevolve.envs.base import CallInput
 from coevolve.records import Check, Message, Score, Step, Task, ToolCall
+from coevolve.states import ARGUMENT_STATES, StatePatterns
 
 __all__ = ["SPLITS", "AppWorldConfig", "AppWorldEnv", "AppWorldEpisode", "AppWorldUnavailable", "WorkerFailed",
            "WorkerPool", "WorkerProcess", "as_call", "check_code", "code_of", "goal_completion", "scenario_of"]
@@ -167,6 +168,8 @@ def opening_message(specs: Mapping[str, Any]) -> str:
 @ENVS.register("appworld")
 class AppWorldEnv:
     name = "appworld"
+    states: StatePatterns = ARGUMENT_STATES
+    """Which state a call acts on: its tool and the arguments it gave (`coevolve.states`)."""
     empty_observations = ("Execution successful.",)
     """AppWorld's answer to a cell that printed nothing: for validation, no result (`no_effect` if nothing changed)."""
 

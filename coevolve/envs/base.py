@@ -35,6 +35,7 @@ from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from coevolve.records import (Check, ExplorationContext, ExplorationEpisode, Message, Score, Step, Task, ToolCall,
                               canonical_json)
+from coevolve.states import StatePatterns
 
 CallInput = str | Mapping[str, Any] | ToolCall
 """A call as an agent gives it: a Python-call string, a JSON object `{"name", "arguments"}`, or a ToolCall."""
@@ -66,6 +67,9 @@ class Episode(Protocol):
 @runtime_checkable
 class Env(Protocol):
     name: str
+    states: StatePatterns
+    """Which state each call acts on, as `tool@state` patterns (`coevolve.states`: the working directory for BFCL's
+    file system, the arguments given for any other tools); the unexplored-state rare counts them."""
 
     def tasks(self) -> list[Task]: ...
 

@@ -52,6 +52,7 @@ from coevolve.calls import DEFAULT_LIMITS, CallError, CallLimits, fresh_argument
 from coevolve.envs import ENVS
 from coevolve.jsonl import jsonl_rows
 from coevolve.records import Check, Message, Score, Step, Task, ToolCall, canonical_json
+from coevolve.states import DIRECTORY_STATES, StatePatterns
 
 CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
 SCOPES = ("exposed", "official")
@@ -528,6 +529,8 @@ class BFCLEnv:
     half of them with `split="train"` / `split="test"` (`bfcl_split`: seeded, disjoint)."""
 
     name = "bfcl"
+    states: StatePatterns = DIRECTORY_STATES
+    """Which state a call acts on: the working directory, the start or a folder below it (`coevolve.states`)."""
 
     def __init__(
         self,

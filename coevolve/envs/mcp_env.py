@@ -49,6 +49,7 @@ from coevolve.envs.mcp_bridge import (DEFAULT_MAX_SESSIONS, ServerSource, Sessio
 from coevolve.envs.python_env import EnvDefinitionError, doc_parts, load_task_file
 from coevolve.envs.python_worker import DEFAULT_CALL_TIMEOUT_S
 from coevolve.records import Check, Message, Score, Task, ToolCall, canonical_json
+from coevolve.states import ARGUMENT_STATES, StatePatterns
 
 DEFAULT_MAX_RESULT_CHARS = 8000
 MAX_TOOL_PAGES = 100
@@ -109,6 +110,9 @@ async def _all_tools(client: Any) -> list[Any]:
 class MCPEnv:
     """`MCPEnv(server="package.module:ATTR" | command=[...], tasks="tasks.jsonl", split=None, state_calls=(),
     reward_tool=None)`: see the module docstring."""
+
+    states: StatePatterns = ARGUMENT_STATES
+    """Which state a call acts on: its tool and the arguments it gave (`coevolve.states`)."""
 
     def __init__(self, server: Any = None, command: Sequence[str] | None = None, tasks: str | None = None,
                  split: str | None = None, state_calls: Sequence[str] = (), reward_tool: str | None = None,
@@ -209,8 +213,8 @@ class MCPEnv:
             raise EnvDefinitionError(f"{where} call {text[:120]!r}: {checked}")
 
     def exploration_problems(self) -> list[str]:
-        """The required arguments the offline explorer cannot draw (`coevolve.explore.unfillable_arguments`)."""
-        from coevolve.explore import unfillable_arguments
+        """The required arguments the offline explorer cannot draw (`coevolve.schemas.unfillable_arguments`)."""
+        from coevolve.schemas import unfillable_arguments
 
         return unfillable_arguments(self.docs)
 

@@ -46,6 +46,7 @@ from coevolve.envs.python_worker import (DEFAULT_CALL_TIMEOUT_S, BrokenInstance,
 from coevolve.jsonl import jsonl_rows
 from coevolve.records import Check, Message, Score, Task, ToolCall, canonical_json
 from coevolve.validate import EMPTY_RESULTS
+from coevolve.states import ARGUMENT_STATES, StatePatterns
 
 NOT_TOOLS = ("reset", "get_reward", "state")
 """Public methods that are never tools: the episode's start, its reward, and a `state` the class may define."""
@@ -425,6 +426,9 @@ class PythonEpisode(ToolEpisode):
 @ENVS.register("python")
 class PythonEnv:
     """`PythonEnv(cls="package.module:ClassName", tasks="tasks.jsonl", split=None)`: see the module docstring."""
+
+    states: StatePatterns = ARGUMENT_STATES
+    """Which state a call acts on: its tool and the arguments it gave (`coevolve.states`)."""
 
     def __init__(self, cls: str | type, tasks: str | None = None, split: str | None = None,
                  limits: CallLimits = DEFAULT_LIMITS, scope: str = "exposed",
