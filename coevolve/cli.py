@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from coevolve.config import ModelSection, RolloutSection
+from coevolve.envs.base import Env, Episode
 from coevolve.policy.chat import DEMO_CHOICES
 
 MODEL, ROLLOUT = ModelSection(), RolloutSection()
@@ -101,7 +102,7 @@ def run_eval(args: argparse.Namespace) -> int:
         raise UsageError("--limit must be at least 1")
     kind, _, spec = args.env.partition(":")
     if spec and kind in OWN_ENVS:  # your own tools: a class, or an MCP server, and a task file
-        from coevolve.envs.python_env import EnvDefinitionError
+        from coevolve.envs.user_env import EnvDefinitionError
 
         if args.category is not None:
             raise UsageError("--category is for env bfcl; your own tools have one task file (choose with --split)")
@@ -126,21 +127,42 @@ def run_eval(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise UsageError(str(error)) from None
     if args.tasks:  # any task file of this env (e.g. `coevolve pool DIR --export FILE`) instead of its own tasks
-        env = _WithTasks(env, _task_file(args.tasks, env.name, getattr(env, "check_task", None)))
+        env = _WithTasks(env, _task_file(args.tasks, env.name, env.check_task))
     return _eval_env(args, env, options)
 
 
-class _WithTasks:
-    """An env whose tasks come from a file; everything else is the env's own."""
+class _WithTasks(Env):
+    """An env whose tasks come from a file; every other member of the contract is the env's own."""
 
-    def __init__(self, env: Any, tasks: list) -> None:
+    def __init__(self, env: Env, tasks: list) -> None:
         self._env, self._tasks = env, tasks
+        self.name, self.states, self.category, self.split = env.name, env.states, env.category, env.split
+        self.empty_observations, self.plain_arguments = env.empty_observations, env.plain_arguments
+        self.max_sessions = env.max_sessions  # type: ignore[misc]
 
     def tasks(self) -> list:
         return list(self._tasks)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._env, name)
+    def reset(self, task: Any) -> Episode:
+        return self._env.reset(task)
+
+    def check_task(self, task: Any) -> str | None:
+        return self._env.check_task(task)
+
+    def check_call(self, call: Any) -> tuple[str, str] | None:
+        return self._env.check_call(call)
+
+    def metrics(self, per_task: Any) -> dict[str, float]:
+        return self._env.metrics(per_task)
+
+    def with_split(self, split: str | None) -> Env | None:
+        return self._env.with_split(split)
+
+    def exploration_problems(self) -> list[str]:
+        return self._env.exploration_problems()
+
+    def close(self) -> None:
+        self._env.close()
 
 
 def _task_file(path: str, env_name: str, check_task: Any = None) -> list:
@@ -189,7 +211,7 @@ def _eval_env(args: argparse.Namespace, env, options: dict) -> int:
         script_for = lambda task: scripts.get(task.name)  # noqa: E731
     else:
         raise UsageError(f"unknown policy {args.policy!r}; use oracle, replay:FILE or model:ID_OR_PATH")
-    report = evaluate(env, tasks, script_for, args.policy, getattr(env, "category", ""))
+    report = evaluate(env, tasks, script_for, args.policy, env.category)
     _show(report, env, args.json)
     return 0
 
@@ -197,7 +219,7 @@ def _eval_env(args: argparse.Namespace, env, options: dict) -> int:
 def _show(report, env, as_json: bool, outside: int = 0, cause: str | None = None) -> None:
     """The report, with the env's own metrics when it has some (AppWorld: TGC and SGC), and how many episodes
     failed outside the model (their 0 is not the model's score)."""
-    extra = env.metrics(report.per_task()) if hasattr(env, "metrics") else {}
+    extra = env.metrics(report.per_task())
     if as_json:
         print(json.dumps({**report.to_dict(), **extra, "failed_outside_model": outside}))
         return
@@ -244,7 +266,7 @@ def _eval_model(args: argparse.Namespace, env, options: dict) -> int:
                            max_episode_tokens=ROLLOUT.max_episode_tokens,
                            sampling=SamplingConfig(temperature=args.temperature, seed=args.seed))
     report, batch = _with_progress(lambda progress: evaluate_model(
-        env, tasks, backend, renderer, config, args.policy, getattr(env, "category", ""), progress), quiet=args.json)
+        env, tasks, backend, renderer, config, args.policy, env.category, progress), quiet=args.json)
     failed = [t.failure for t in batch.trajectories if t.failure]
     if failed and len(failed) == len(batch.trajectories):
         # Nothing was evaluated: a 0.0 here would read as the model's score.
@@ -263,11 +285,11 @@ def evaluation_tasks(env: Any, env_name: str, scope: str, limit: int | None, dem
     tasks = env.tasks()[:limit]
     if not demos:
         return tasks, env, []
-    if hasattr(env, "with_split"):  # an env that makes its own train split (your own tools)
-        demo_env = env.with_split("train")
+    own_split = env.with_split("train")  # an env that makes its own train split (your own tools, MCP)
+    if own_split is not None:
         evaluated = {task.id for task in tasks}
-        return tasks, demo_env, [task for task in demo_env.tasks() if task.id not in evaluated]
-    if getattr(env, "split", None) is not None:  # an env with splits, one of them chosen (BFCL's are optional)
+        return tasks, own_split, [task for task in own_split.tasks() if task.id not in evaluated]
+    if env.split is not None:  # an env with splits, one of them chosen (BFCL's are optional)
         demo_env = make_env(env_name, scope=scope, split="train")
         evaluated = {task.id for task in tasks}
         return tasks, demo_env, [task for task in demo_env.tasks() if task.id not in evaluated]

@@ -348,9 +348,7 @@ class Config:
             _check(getattr(synthesis, role) != "llm" or synthesis.llm_base_url is not None, "synthesis.llm_base_url",
                    f"synthesis.{role}: llm needs an OpenAI-compatible endpoint (e.g. `coevolve serve` or `vllm "
                    "serve`); for the policy itself as explorer, set synthesis.explorer: policy")
-        micro = self.grpo.micro_batch_size or self.rollout.group_size
-        _check((self.grpo.prompts_per_step * self.rollout.group_size) % micro == 0, "grpo.micro_batch_size",
-               "must divide prompts_per_step x group_size")
+        micro_batches(self, 1)  # the run checks again with its number of processes (`run_setup.check_processes`)
 
     def to_dict(self) -> dict[str, Any]:
         return _plain(dataclasses.asdict(self))
@@ -404,6 +402,20 @@ def _check_range(key: str, value: Any, spec: str) -> None:
         wanted = f"in {spec}"
     if not ok:
         raise ConfigError(f"{key}: {value!r} is out of range; it must be {wanted}")
+
+
+def micro_batches(config: "Config", num_processes: int) -> tuple[int, int]:
+    """(trajectories per micro-batch, micro-batches per process and step): a step's prompts_per_step x K
+    trajectories split into whole micro-batches on every process, or a one-line refusal. The one place this is
+    checked: at load (one process) and when a run knows its processes."""
+    trajectories = config.grpo.prompts_per_step * config.rollout.group_size
+    micro = config.grpo.micro_batch_size or config.rollout.group_size
+    if trajectories % (micro * num_processes):
+        raise ConfigError(f"grpo.micro_batch_size: grpo.prompts_per_step x rollout.group_size = {trajectories} "
+                          f"trajectories a step do not split into micro-batches of {micro} (grpo.micro_batch_size) "
+                          f"on {num_processes} process{'es' if num_processes > 1 else ''}; make it a multiple of "
+                          f"{micro * num_processes}")
+    return micro, trajectories // (micro * num_processes)
 
 
 def _check(ok: bool, key: str, message: str) -> None:

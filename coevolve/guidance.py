@@ -23,8 +23,9 @@ Deviations from LUFFY: LUFFY mixes off-policy traces into every group and reshap
 (policy shaping, no clipping); here one trace replaces one rollout, only in groups without any success, and the
 ratio and clipping are TRL's, unchanged. A group with a success is never touched. The guided rollout is marked
 (`Trajectory.guided`, in rollouts.jsonl) and counted (metrics.jsonl's `guided`); the signals read the policy's
-own rollouts only, so a guided success never makes a boundary. With several processes a group may be split
-across them (each sees one rollout of it): guidance then does nothing.
+own rollouts only, so a guided success never makes a boundary. With several processes each rolls out whole groups
+(a run whose micro-batches would split a group across processes is refused with guidance on, before anything
+loads: `coevolve.run_setup.check_processes`).
 """
 
 from __future__ import annotations

@@ -225,8 +225,14 @@ def grpo_steps(run: "Run", t: int, tasks: Sequence[Task]) -> list[Trajectory]:
     # From the logs, never from memory: a normal iteration and its redo after a kill read the very same records;
     # the main process reads every process's share (the signals need whole groups).
     logs = run.all_rollout_logs() if run.is_main else [run.rollouts_log]
-    return [Trajectory.from_dict({k: v for k, v in row.items() if k != "step"})
-            for log in logs for row in log.read() if row.get("iteration") == t]
+    trajectories = [Trajectory.from_dict({k: v for k, v in row.items() if k != "step"})
+                    for log in logs for row in log.read() if row.get("iteration") == t]
+    grpo = run.config.grpo  # the phase boundary: one batch of prompts_per_step x K per mu steps, whole groups
+    expected = math.ceil((last - first + 1) / grpo.passes_per_batch) * grpo.prompts_per_step * run.group_size
+    if run.is_main and len(trajectories) != expected:
+        raise TrainingError(f"iteration {t}: the logs hold {len(trajectories)} rollouts, not steps x prompts_per_step "
+                            f"x K = {expected}; rollouts.jsonl does not match this run's config")
+    return trajectories
 
 
 def mine_signals(run: "Run", t: int, trajectories: Sequence[Trajectory]) -> SignalReport:
@@ -394,6 +400,7 @@ class Run:
     def __post_init__(self) -> None:
         loop = self.config.loop
         self.steps_per_iteration = loop.steps_per_iteration
+        self.group_size = self.config.rollout.group_size  # K, the rollouts of one task in one step: said once
         self.slots = self.config.grpo.prompts_per_step * loop.steps_per_iteration // self.config.grpo.passes_per_batch
         self.iterations = math.ceil(self.config.run.max_steps / loop.steps_per_iteration)
         self.metrics_log = JsonLines(self.directory / METRICS)

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from coevolve.envs.base import Env, Episode
+from coevolve.envs.base import ENV_FAILURE, Env, Episode
 from coevolve.policy.backends import ChatBackend, Generation, SamplingConfig, TokenBackend
 from coevolve.policy.chat import ChatRenderer, to_openai_tools
 from coevolve.policy.replies import split_reply
@@ -120,7 +120,7 @@ class _Run:
             logprobs=tuple(self.logprobs),
             seconds=self.seconds,
             failure=self.failure or next((f"environment: {check.reason}" for check in score.checks
-                                          if check.kind == "process" and not check.passed), None),
+                                          if check.kind == ENV_FAILURE and not check.passed), None),
         )
 
 
@@ -152,7 +152,7 @@ def _next_messages(run: _Run, steps: Sequence[Step], config: RolloutConfig) -> l
     if config.max_turns is not None and run.turns_played >= config.max_turns:
         run.finish(f"stopped after {run.turns_played} turns (max_turns)")
         return None
-    new_docs = getattr(episode, "new_tools", lambda: [])()
+    new_docs = episode.new_tools()
     run.docs = episode.tools()
     return results + run.renderer.user_turn(episode.user_messages(), new_docs)
 
@@ -309,19 +309,16 @@ class StepRollouts:
         }
 
 
-def group_runs(task_ids: Sequence[str]) -> tuple[list[str], int]:
-    """(distinct ids in order, K) when the ids come as equal runs of K copies (TRL's sampler, one process);
-    else (the ids themselves, 1): each occurrence is then one episode (a group split across processes)."""
-    runs: list[list[str]] = []
-    for task_id in task_ids:
-        if runs and runs[-1][0] == task_id:
-            runs[-1].append(task_id)
-        else:
-            runs.append([task_id])
-    sizes = {len(run) for run in runs}
-    if len(sizes) == 1 and len({run[0] for run in runs}) == len(runs):
-        return [run[0] for run in runs], sizes.pop()
-    return list(task_ids), 1
+def group_runs(task_ids: Sequence[str], group_size: int) -> list[str] | None:
+    """The distinct ids in order when `task_ids` come as runs of exactly `group_size` copies of each (whole GRPO
+    groups, as TRL's sampler gives them to a process whose micro-batches hold whole groups), else None: a group is
+    split across processes (each of its ids is then one episode)."""
+    if group_size < 1 or len(task_ids) % group_size:
+        return None
+    distinct = [task_ids[start] for start in range(0, len(task_ids), group_size)]
+    whole = all(task_ids[start:start + group_size] == [task_ids[start]] * group_size
+                for start in range(0, len(task_ids), group_size))
+    return distinct if whole and len(set(distinct)) == len(distinct) else None
 
 
 def trajectory_summary(trajectory: Trajectory) -> dict[str, Any]:

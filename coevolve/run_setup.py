@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from coevolve.config import Config, ConfigError, load_config, write_config
+from coevolve.config import Config, ConfigError, load_config, micro_batches, write_config
 from coevolve.envs import ENVS, make_env
 from coevolve.envs.base import Env
 from coevolve.jsonl import read_jsonl
@@ -141,14 +141,13 @@ def build_env(config: Config) -> Env:
 def _check_env_for_run(config: Config, env: Env) -> None:
     """What an env that anyone writes (env mcp) must give this run, checked before anything slow: room for a
     rollout's sessions, and schemas the offline explorer can draw arguments from."""
-    sessions = getattr(getattr(env, "slots", None), "limit", None)
+    sessions = env.max_sessions
     episodes = config.grpo.prompts_per_step * config.rollout.group_size
     if sessions is not None and episodes > sessions:
         raise ConfigError(f"a rollout opens {episodes} episodes at once (grpo.prompts_per_step x rollout.group_size), "
                           f"more than env.options.max_sessions ({sessions}): raise it or take fewer prompts a step")
-    problems = getattr(env, "exploration_problems", None)
-    if config.run.mode in ("coevolve", "random", "synthetic") and config.synthesis.explorer == "offline" and problems:
-        unfillable = problems()
+    if config.run.mode in ("coevolve", "random", "synthetic") and config.synthesis.explorer == "offline":
+        unfillable = env.exploration_problems()
         if unfillable:
             raise ConfigError(f"synthesis.explorer offline cannot draw a value for {', '.join(unfillable[:4])} "
                               "(required, of a schema it does not know); use synthesis.explorer: llm or policy, or "
@@ -170,10 +169,9 @@ def load_tasks(config: Config, env: Env) -> list[Task]:
     tasks = tasks[: config.env.limit] if config.env.limit else tasks
     if not tasks:
         raise ConfigError("env: no tasks to train on")
-    check = getattr(env, "check_task", None)
-    if config.env.tasks_file and check is not None:  # a file's records are untrusted: checked before anything runs
+    if config.env.tasks_file:  # a file's records are untrusted: checked before anything runs
         for task in tasks:
-            problem = f"it is a task of env {task.env!r}" if task.env != env.name else check(task)
+            problem = f"it is a task of env {task.env!r}" if task.env != env.name else env.check_task(task)
             if problem:
                 raise ConfigError(f"env.tasks_file: task {task.name[:60]!r} cannot run in env {env.name!r}: {problem}")
     return tasks
@@ -273,12 +271,13 @@ def check_processes(config: Config, num_processes: int, deepspeed: bool = False)
     """What a run on `num_processes` processes needs, checked before anything loads: a step's trajectories split
     into whole micro-batches on every process; the policy as explorer only where one process can generate alone
     (under DeepSpeed ZeRO every forward pass is collective, and synthesis runs on the main process only)."""
-    trajectories = config.grpo.prompts_per_step * config.rollout.group_size
-    micro = config.grpo.micro_batch_size or config.rollout.group_size
-    if trajectories % (micro * num_processes):
-        raise ConfigError(f"grpo.prompts_per_step x rollout.group_size = {trajectories} trajectories a step do not "
-                          f"split into micro-batches of {micro} (grpo.micro_batch_size) on {num_processes} processes; "
-                          f"make it a multiple of {micro * num_processes}")
+    micro, _ = micro_batches(config, num_processes)
+    group_size = config.rollout.group_size
+    if num_processes > 1 and config.grpo.guidance != "off" and micro % group_size:
+        # Each process rolls out whole micro-batches: with micro < K (or not a multiple of K) a GRPO group is split
+        # across processes, and guidance, which replaces a rollout of an all-failure group, could not see one.
+        raise ConfigError(f"grpo.guidance needs whole GRPO groups on each process: grpo.micro_batch_size ({micro}) "
+                          f"must be a multiple of rollout.group_size ({group_size}) on {num_processes} processes")
     if num_processes > 1 and deepspeed and config.synthesis.explorer == "policy" and config.run.mode == "coevolve":
         raise ConfigError("synthesis.explorer: policy cannot run under DeepSpeed with several processes (synthesis "
                           "runs on the main process alone, and every ZeRO forward pass needs all of them); use "

@@ -59,7 +59,7 @@ from typing import Any, Callable, Iterator, Sequence
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental" in TRL; we know
 
 from coevolve.train_calls import CHECKPOINTS, checkpoint_step
-from coevolve.config import Config, ConfigError
+from coevolve.config import Config, ConfigError, micro_batches
 from coevolve.envs.base import Env
 from coevolve.policy.backends import SamplingConfig
 from coevolve.policy.chat import ChatRenderer
@@ -146,7 +146,13 @@ class EnvRollouts:
             raise TrainingError(f"the trainer asked for unknown task ids {missing[:3]}")
         step = trainer.state.global_step + 1
         process = trainer.accelerator.process_index
-        distinct, group_size = group_runs(task_ids)
+        distinct = group_runs(task_ids, self.config.group_size)  # K, said once: `rollout.group_size`
+        group_size = self.config.group_size
+        if distinct is None:  # a group split across processes: one episode per id (never with guidance:
+            if self.guidance != "off":  # `run_setup.check_processes` refuses that before anything loads)
+                raise TrainingError(f"a GRPO group of {group_size} was split across processes; guidance needs whole "
+                                    "groups (grpo.micro_batch_size a multiple of rollout.group_size)")
+            distinct, group_size = list(task_ids), 1
         # A seed per (run, step, process): a resumed run samples exactly what the uninterrupted one would have.
         sampling = SamplingConfig(temperature=trainer.args.temperature, top_p=trainer.args.top_p,
                                   top_k=trainer.args.top_k or 0, max_new_tokens=self.config.max_new_tokens,
@@ -258,12 +264,7 @@ def grpo_args(config: Config, output_dir: Path, num_processes: int = 1) -> Any:
     from coevolve.policy.models import pick_device
 
     grpo, rollout_section, run, vllm = config.grpo, config.rollout, config.run, config.vllm
-    trajectories = grpo.prompts_per_step * rollout_section.group_size
-    micro = grpo.micro_batch_size or rollout_section.group_size
-    if trajectories % (micro * num_processes):
-        raise ConfigError(f"grpo.prompts_per_step x rollout.group_size = {trajectories} must divide into micro-batches "
-                          f"of {micro} on {num_processes} process(es)")
-    accumulation = trajectories // (micro * num_processes)
+    micro, accumulation = micro_batches(config, num_processes)
     device = pick_device(config.model.device)
     dtype = config.model.dtype
     if dtype == "auto":

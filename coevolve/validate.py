@@ -57,7 +57,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 from coevolve.calls import CallError, CallLimits, parse_call
-from coevolve.envs.base import Env, step_failure
+from coevolve.envs.base import EMPTY_RESULTS, Env, step_failure
 from coevolve.pool import normalise_call, normalise_query
 from coevolve.records import Candidate, Provenance, Task, ToolCall, Verdict, canonical_json, content_hash
 from coevolve.signals import PATTERN_SEPARATOR
@@ -78,7 +78,6 @@ DEFAULT_UNSAFE_PATTERNS = (
 _PATH_ESCAPE = re.compile(r"^(?:/|~|[A-Za-z]:)|(?:^|/)\.\.(?:/|$)|\\|\x00")
 _CALL_HEAD = re.compile(r"^\s*\[?\s*([A-Za-z_][A-Za-z0-9_]*)\s*\(")
 _WORD = re.compile(r"[a-z0-9]+(?:['._-][a-z0-9]+)*")
-EMPTY_RESULTS = frozenset({"", "None", "null", "{}", "[]", '""', "''"})
 
 
 @dataclass(frozen=True)
@@ -309,14 +308,13 @@ class Validator:
         except Exception as error:  # noqa: BLE001 - an initial state the env cannot load is the candidate's fault
             return [f"malformed: the env cannot start from this initial state ({type(error).__name__}: "
                     f"{str(error)[:160]})"]
-        env_check = getattr(self.env, "check_call", None)
         for index, call in enumerate(parsed, start=1):
             if call.name not in exposed:
                 reasons.append(f"unknown_function: call {index} calls {call.name!r}, not a tool of this task")
-            if env_check is not None:  # an env whose arguments are not plain values (AppWorld's code cells)
-                refusal = env_check(call) if call.name in exposed else None
-                if refusal is not None:
-                    reasons.append(f"{refusal[0]}: call {index} ({call.name}): {refusal[1]}")
+            refusal = self.env.check_call(call) if call.name in exposed else None
+            if refusal is not None:
+                reasons.append(f"{refusal[0]}: call {index} ({call.name}): {refusal[1]}")
+            if not self.env.plain_arguments:  # an env whose arguments are not plain values (AppWorld's code cells)
                 continue
             for value in _string_values([dict(call.arguments), list(call.positional)]):
                 if _PATH_ESCAPE.search(value):
@@ -383,7 +381,7 @@ class Validator:
         if states[-1] == initial:
             if any(state != initial for state in states[:-1]):
                 return ["no_effect: the solution changes the state and undoes the change; nothing is left to ask for"]
-            empty = getattr(self.env, "empty_observations", ())
+            empty = self.env.empty_observations
             if not any(is_informative(observation, empty) for observation in observations):
                 return ["no_effect: the solution neither changes the state nor returns anything"]
         for index, observation in enumerate(observations):

@@ -13,7 +13,7 @@ import pytest
 
 from coevolve.cli import main
 from coevolve.envs.mcp_env import MCPEnv, check_mcp_env
-from coevolve.envs.python_env import EnvDefinitionError
+from coevolve.envs.user_env import EnvDefinitionError
 from coevolve.records import Task
 
 REPO = Path(__file__).resolve().parent.parent

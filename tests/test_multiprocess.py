@@ -137,3 +137,28 @@ def test_a_batch_that_does_not_split_over_the_processes_exits_2_before_loading_a
     assert "do not split into micro-batches of 4 (grpo.micro_batch_size) on 2 processes" in done.stderr
     assert "Loading weights" not in done.stderr  # refused before any process loaded the model
     assert 'File "/' + str(REPO / "coevolve") not in done.stderr  # one line from us (torchrun reports its children)
+
+
+def test_guidance_on_two_processes_guides_whole_groups_on_each_and_a_split_group_is_refused(tmp_path, ls_policy_dir,
+                                                                                             config):
+    """K = 4 with micro-batches of 4: each process rolls out one whole group a step. On `cat` tasks the ls policy
+    fails every rollout, so every group is all-failure and guidance replaces one rollout of each, on both processes
+    (never silently nothing). Micro-batches of 2 would split a group across the processes: refused up front."""
+    from coevolve.envs.bfcl_lite import BFCLLiteEnv
+
+    cats = [t for t in BFCLLiteEnv("train").tasks() if t.truth_tools == ("cat",)][:4]
+    tasks_file = write_tasks(cats, tmp_path / "cats.jsonl")
+    out = tmp_path / "guided"
+    done = torchrun("train", "--config", config, "--output-dir", str(out),
+                    *settings(ls_policy_dir, tasks_file, "static", "grpo.guidance=solution", "loop.eval_limit=2"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    logs = [read_jsonl(out / name) for name in ("rollouts.jsonl", "rollouts.p1.jsonl")]
+    for rows in logs:  # per process and step: one group of 4, its last rollout guided
+        assert len(rows) == 2 * 4 and sum(bool(row.get("guided")) for row in rows) == 2, rows
+        assert all(not row.get("guided") or row["score"] == 1.0 for row in rows)
+    assert [m["guided"] for m in read_jsonl(out / "metrics.jsonl")] == [0, 2, 2]
+    split = torchrun("train", "--config", config, "--output-dir", str(tmp_path / "split"),
+                     *settings(ls_policy_dir, tasks_file, "static", "grpo.guidance=solution", "grpo.micro_batch_size=2"))
+    assert split.returncode != 0
+    assert "grpo.guidance needs whole GRPO groups on each process" in split.stderr
+    assert "Loading weights" not in split.stderr

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from coevolve.envs.base import step_failure
+from coevolve.envs.base import Env, Episode, step_failure
 from coevolve.envs.bfcl_lite import BFCLLiteEnv
 from coevolve.evaluate import evaluate, oracle_script
 from coevolve.records import Candidate, Score, Step, Task, ToolCall
@@ -43,7 +43,7 @@ def _candidate(task, solution, query="Do the thing.", intent="test", **changes):
 # -- a user's own tools: one of them is not reproducible, one does nothing ------------------------------------------
 
 
-class _DiceEpisode:
+class _DiceEpisode(Episode):
     def __init__(self, task):
         self.task, self.rolls, self.steps, self._done = task, list(task.initial_state.get("rolls", [])), [], False
 
@@ -83,7 +83,7 @@ class _DiceEpisode:
         return {"rolls": list(self.rolls)}
 
 
-class DiceEnv:
+class DiceEnv(Env):
     name = "dice"
     states = ARGUMENT_STATES
 

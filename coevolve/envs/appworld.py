@@ -38,7 +38,7 @@ from coevolve.calls import CallError, parse_call
 from coevolve.envs import ENVS
 from coevolve.envs.appworld_process import (SPLITS, AppWorldConfig, AppWorldUnavailable, WorkerFailed, WorkerPool,
                                             WorkerProcess, download_hint)
-from coevolve.envs.base import CallInput
+from coevolve.envs.base import ENV_FAILURE, CallInput, Env, Episode
 from coevolve.records import Check, Message, Score, Step, Task, ToolCall
 from coevolve.states import ARGUMENT_STATES, StatePatterns
 
@@ -166,11 +166,12 @@ def opening_message(specs: Mapping[str, Any]) -> str:
 
 
 @ENVS.register("appworld")
-class AppWorldEnv:
+class AppWorldEnv(Env):
     name = "appworld"
     states: StatePatterns = ARGUMENT_STATES
     """Which state a call acts on: its tool and the arguments it gave (`coevolve.states`)."""
     empty_observations = ("Execution successful.",)
+    plain_arguments = False  # the one tool's argument is code: `check_call` is validation's gate for it
     """AppWorld's answer to a cell that printed nothing: for validation, no result (`no_effect` if nothing changed)."""
 
     def __init__(self, split: str = "train", scope: str | None = None, **options: Any) -> None:
@@ -231,7 +232,7 @@ class AppWorldEnv:
         self.pool.shutdown()
 
 
-class AppWorldEpisode:
+class AppWorldEpisode(Episode):
     """One world of one task in its own worker; single-turn (AppWorld tasks are one request)."""
 
     def __init__(self, env: AppWorldEnv, task: Task) -> None:
@@ -324,7 +325,7 @@ class AppWorldEpisode:
 
     def _compute_score(self) -> Score:
         if self.failure is not None:
-            return Score(0.0, (Check(0, "process", False, self.failure),))
+            return Score(0.0, (Check(0, ENV_FAILURE, False, self.failure),))
         try:
             if not is_appworld_task(self.task):
                 if not any(self.task.ground_truth):
@@ -337,7 +338,7 @@ class AppWorldEpisode:
                              "the databases differ from those the task's solution leaves"),))
             result = self._call("evaluate", self.config.open_timeout_s)
         except (WorkerFailed, RuntimeError) as error:
-            return Score(0.0, (Check(0, "process", False, str(error)),))
+            return Score(0.0, (Check(0, ENV_FAILURE, False, str(error)),))
         checks = [Check(0, "appworld_test", True, test["requirement"][:200]) for test in result["passes"]]
         checks += [Check(0, "appworld_test", False, f"{test['requirement'][:200]}: {_failure_of(test['trace'])}")
                    for test in result["failures"]]

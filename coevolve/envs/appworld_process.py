@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coevolve.envs.base import EnvUnavailable
+from coevolve.envs.base import EnvFailed, EnvUnavailable
 
 SPLITS = ("train", "dev", "test_normal", "test_challenge")
 WORKER_SCRIPT = Path(__file__).with_name("appworld_worker.py")
@@ -33,7 +33,7 @@ class AppWorldUnavailable(EnvUnavailable):
     """AppWorld cannot run here; the message says what to do."""
 
 
-class WorkerFailed(RuntimeError):
+class WorkerFailed(EnvFailed):
     """A worker crashed, hung past its deadline or answered garbage; it has been killed."""
 
 

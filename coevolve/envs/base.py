@@ -35,45 +35,136 @@ from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from coevolve.records import (Check, ExplorationContext, ExplorationEpisode, Message, Score, Step, Task, ToolCall,
                               canonical_json)
-from coevolve.states import StatePatterns
+from coevolve.states import ARGUMENT_STATES, StatePatterns
 
 CallInput = str | Mapping[str, Any] | ToolCall
 """A call as an agent gives it: a Python-call string, a JSON object `{"name", "arguments"}`, or a ToolCall."""
 
 
-@runtime_checkable
-class Episode(Protocol):
+EMPTY_RESULTS = frozenset({"", "None", "null", "{}", "[]", '""', "''"})
+"""Tool results that say nothing: a solution whose results are all of these and that changes nothing is refused
+(validation's `no_effect`, `env check`'s ground-truth check)."""
+
+ENV_FAILURE = "process"
+"""The check kind that says the env itself failed in an episode (its worker or server died, hung or broke its
+protocol), never the agent: a rollout with such a failed check is counted as `environment` in metrics.jsonl's
+`failures`, not as the model's 0."""
+
+
+class EnvFailed(RuntimeError):
+    """The env itself failed (a worker process or a server died, hung or broke its protocol): the one type every
+    process mechanism raises (AppWorld's worker, your tools' worker, an MCP session). The episode is lost with the
+    reason (`Episode.lost`, a check of kind `ENV_FAILURE`); the run goes on."""
+
+
+class Episode:
+    """One independent episode of a task (`Env.reset`): the contract in the module docstring. Subclass it and
+    implement the methods that raise `NotImplementedError`; the others have the defaults documented on them."""
+
     task: Task
+    lost: str | None = None
+    """Why the env itself failed in this episode (see `EnvFailed`), or None: what the rollout reports as the
+    episode's failure. Its score says it too, as a failed check of kind `ENV_FAILURE`."""
 
     @property
-    def turn_index(self) -> int: ...
+    def turn_index(self) -> int:
+        raise NotImplementedError
 
     @property
-    def done(self) -> bool: ...
+    def done(self) -> bool:
+        raise NotImplementedError
 
-    def user_messages(self) -> list[Message]: ...
+    def user_messages(self) -> list[Message]:
+        """What the user says to open the current turn."""
+        raise NotImplementedError
 
-    def tools(self) -> list[dict[str, Any]]: ...
+    def tools(self) -> list[dict[str, Any]]:
+        """The tool schemas exposed in the current turn."""
+        raise NotImplementedError
 
-    def act(self, calls: Sequence[CallInput]) -> tuple[Step, ...]: ...
+    def act(self, calls: Sequence[CallInput]) -> tuple[Step, ...]:
+        """Run the calls of one reply: one `Step` each, errors as data, never raising on agent input."""
+        raise NotImplementedError
 
-    def end_turn(self) -> None: ...
+    def end_turn(self) -> None:
+        raise NotImplementedError
 
-    def score(self) -> Score: ...
+    def score(self) -> Score:
+        raise NotImplementedError
 
-    def state(self) -> Any: ...
+    def state(self) -> Any:
+        raise NotImplementedError
+
+    def new_tools(self) -> list[dict[str, Any]]:
+        """Tools that appear from this turn on (BFCL's missing-function category), shown in the user turn.
+        Default: none, the tools of `tools()` are all there is."""
+        return []
+
+    def close(self) -> None:
+        """Release what the episode holds (a session, a worker's instance). Default: nothing to release."""
+        return None
 
 
-@runtime_checkable
-class Env(Protocol):
-    name: str
-    states: StatePatterns
+class Env:
+    """What every env gives the loop, validation, the explorer and the CLI. Subclass it: implement `tasks` and
+    `reset`; every other capability below has a documented default, so an env declares only what it changes.
+
+    Why a base class and not a Protocol: the defaults must live in one place a reader sees, and a Protocol's
+    defaults reach only classes that subclass it anyway. Nothing here is looked up by name: the loop and the CLI
+    call these members on every env."""
+
+    name: str = ""
+    """The env's name in task records (`Task.env`) and in `env.name` of a config."""
+    states: StatePatterns = ARGUMENT_STATES
     """Which state each call acts on, as `tool@state` patterns (`coevolve.states`: the working directory for BFCL's
-    file system, the arguments given for any other tools); the unexplored-state rare counts them."""
+    file system; by default the arguments a call gave); the unexplored-state rare counts them."""
+    category: str = ""
+    """The category its tasks come from, as `coevolve eval` reports it (BFCL: `multi_turn_base`); default none."""
+    split: str | None = None
+    """The split its tasks are (`train` / `test`), or None: every task."""
+    empty_observations: tuple[str, ...] = ()
+    """Results that say nothing (AppWorld's `Execution successful.`): validation does not count them as an effect."""
+    plain_arguments: bool = True
+    """Whether call arguments are plain values, checked by validation's path and unsafe-pattern gate; False where
+    `check_call` is the gate instead (AppWorld: the argument is code)."""
+    max_sessions: int | None = None
+    """How many episodes may be open at once (an MCP server's sessions), or None: no limit. A run that opens more
+    at once (`grpo.prompts_per_step` x `rollout.group_size`) is refused before anything slow."""
 
-    def tasks(self) -> list[Task]: ...
+    def tasks(self) -> list[Task]:
+        raise NotImplementedError
 
-    def reset(self, task: Task) -> Episode: ...
+    def reset(self, task: Task) -> Episode:
+        """A fresh episode of `task`; never shares state with another episode."""
+        raise NotImplementedError
+
+    def check_task(self, task: Task) -> str | None:
+        """Why a task record from a file (`env.tasks_file`, `eval --tasks`) cannot run here, or None (default:
+        every record of this env can)."""
+        return None
+
+    def check_call(self, call: ToolCall) -> tuple[str, str] | None:
+        """Validation's own gate for one call of a synthesized solution: (rejection code, reason), or None when it
+        passes (default: no gate beyond the plain-value one)."""
+        return None
+
+    def metrics(self, per_task: Mapping[str, float]) -> dict[str, float]:
+        """The env's own metrics over an evaluation's per-task successes (AppWorld: TGC, SGC); default none."""
+        return {}
+
+    def with_split(self, split: str | None) -> "Env | None":
+        """The same env with another split of its own tasks (your tools, MCP: from the task records' `split`), or
+        None (default) when it makes no split itself."""
+        return None
+
+    def exploration_problems(self) -> list[str]:
+        """`tool(argument)` for each required argument the offline explorer cannot draw a value for (default
+        none): a run that explores offline is refused up front."""
+        return []
+
+    def close(self) -> None:
+        """Release what the env holds (worker processes, server sessions); default nothing."""
+        return None
 
 
 @runtime_checkable
@@ -139,7 +230,7 @@ def turn_checks(turn: int, truth_calls: Sequence[str], calls_made: int, state: M
     return checks
 
 
-class ToolEpisode:
+class ToolEpisode(Episode):
     """The turn loop that envs `python` and `mcp` share: `act` checks each call (`_checked`), runs it (`_run`) and
     keeps its result; `end_turn` scores a turn whose ground truth makes calls with `turn_checks`, against what
     `_truth_turn` says the ground truth leaves (None when the env failed to play it: the subclass says why)."""

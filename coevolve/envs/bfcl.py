@@ -50,6 +50,7 @@ from typing import Any, Callable, Sequence
 
 from coevolve.calls import DEFAULT_LIMITS, CallError, CallLimits, fresh_arguments, parse_call
 from coevolve.envs import ENVS
+from coevolve.envs.base import Env, Episode
 from coevolve.jsonl import jsonl_rows
 from coevolve.records import Check, Message, Score, Step, Task, ToolCall, canonical_json
 from coevolve.states import DIRECTORY_STATES, StatePatterns
@@ -333,7 +334,7 @@ class _TurnRecord:
     replies: int = 0
 
 
-class BFCLEpisode:
+class BFCLEpisode(Episode):
     """One multi-turn dialogue over fresh instances. See `coevolve.envs.base` for the protocol."""
 
     def __init__(self, task: Task, scope: str, max_replies_per_turn: int, limits: CallLimits,
@@ -524,7 +525,7 @@ def _depth(value: Any, limit: int = 65) -> int:
 
 
 @ENVS.register("bfcl")
-class BFCLEnv:
+class BFCLEnv(Env):
     """BFCL-V3 multi-turn: `BFCLEnv(category="multi_turn_base")`; tasks in the shipped order, all of them, or one
     half of them with `split="train"` / `split="test"` (`bfcl_split`: seeded, disjoint)."""
 

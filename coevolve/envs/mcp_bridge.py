@@ -33,7 +33,8 @@ import tempfile
 import threading
 from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
-from coevolve.envs.python_env import EnvDefinitionError, import_attribute
+from coevolve.envs.base import EnvFailed
+from coevolve.envs.user_env import EnvDefinitionError, import_attribute
 
 DEFAULT_MAX_SESSIONS = {"in-process": 1024, "stdio": 64}
 """Sessions open at once, by default: a rollout opens all its episodes at its start (prompts_per_step x group_size,
@@ -48,7 +49,7 @@ T = TypeVar("T")
 log = logging.getLogger("mcp.coevolve")
 
 
-class SessionLost(RuntimeError):
+class SessionLost(EnvFailed):
     """The server could not start, did not answer in time, or died; the message says which."""
 
 

@@ -43,10 +43,10 @@ from typing import Any, Mapping, Sequence
 
 from coevolve.calls import DEFAULT_LIMITS, CallError, CallLimits, parse_call
 from coevolve.envs import ENVS
-from coevolve.envs.base import ToolEpisode
+from coevolve.envs.base import ENV_FAILURE, Env, ToolEpisode
 from coevolve.envs.mcp_bridge import (DEFAULT_MAX_SESSIONS, ServerSource, Session, SessionLost, Slots, describe,
                                       route_logs)
-from coevolve.envs.python_env import EnvDefinitionError, doc_parts, load_task_file
+from coevolve.envs.user_env import EnvDefinitionError, doc_parts, load_task_file
 from coevolve.envs.python_worker import DEFAULT_CALL_TIMEOUT_S
 from coevolve.records import Check, Message, Score, Task, ToolCall, canonical_json
 from coevolve.states import ARGUMENT_STATES, StatePatterns
@@ -107,7 +107,7 @@ async def _all_tools(client: Any) -> list[Any]:
 
 
 @ENVS.register("mcp")
-class MCPEnv:
+class MCPEnv(Env):
     """`MCPEnv(server="package.module:ATTR" | command=[...], tasks="tasks.jsonl", split=None, state_calls=(),
     reward_tool=None)`: see the module docstring."""
 
@@ -211,6 +211,11 @@ class MCPEnv:
         checked = self.checked_call(text)
         if isinstance(checked, str):
             raise EnvDefinitionError(f"{where} call {text[:120]!r}: {checked}")
+
+    @property
+    def max_sessions(self) -> int | None:  # type: ignore[override]
+        """Sessions the server may hold at once (`env.options.max_sessions`): a rollout opens no more."""
+        return self.slots.limit
 
     def exploration_problems(self) -> list[str]:
         """The required arguments the offline explorer cannot draw (`coevolve.schemas.unfillable_arguments`)."""
@@ -382,7 +387,7 @@ class MCPEpisode(ToolEpisode):
         if not any(self.task.ground_truth):
             checks.append(self._reward_check())
         if self.lost:  # the server's failure, not the agent's (`rollout` counts it)
-            checks.append(Check(self._turn, "process", False, self.lost))
+            checks.append(Check(self._turn, ENV_FAILURE, False, self.lost))
         return Score(1.0 if all(check.passed for check in checks) else 0.0, tuple(checks))
 
     def _reward_check(self) -> Check:
@@ -410,7 +415,7 @@ def check_mcp_env(tasks_path: str, state_calls: Sequence[str] = (), **source: An
     """What is wrong with a server and a task file, one plain line each (empty: all is well): the spec, the task
     file, each task's reset and calls (refused when the env is made), then each ground truth played twice on
     fresh servers: it must run, do something, and end the same way both times."""
-    from coevolve.envs.python_env import truth_problem
+    from coevolve.envs.user_env import truth_problem
 
     try:
         env = MCPEnv(tasks=tasks_path, state_calls=state_calls, **source)

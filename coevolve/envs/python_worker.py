@@ -36,6 +36,7 @@ import weakref
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Mapping
 
+from coevolve.envs.base import EnvFailed
 from coevolve.records import ToolCall
 
 DEFAULT_CALL_TIMEOUT_S = 10.0
@@ -44,7 +45,7 @@ START_TIMEOUT_S = 60.0
 """How long a fresh worker may take to import the class."""
 
 
-class WorkerLost(RuntimeError):
+class WorkerLost(EnvFailed):
     """The worker did not answer in time, or died: the message says which; the worker was restarted."""
 
 
