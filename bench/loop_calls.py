@@ -59,7 +59,7 @@ def train(config, model_dir: str, directory: Path, stops: list[int]) -> dict:
     from coevolve.policy.chat import ChatRenderer, build_demonstrations
     from coevolve.policy.models import load_tokenizer
     from coevolve.train import EnvRollouts, build_trainer
-    from coevolve.train_calls import train_steps
+    from coevolve.train.calls import train_steps
 
     env = BFCLLiteEnv("train")
     tasks = env.tasks()

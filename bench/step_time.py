@@ -7,7 +7,7 @@ with `--baseline`'s (the code before this round's speed work), run one after the
 
 Method: one `coevolve train --config C` per config and code, after setup (venv present), float32 as shipped;
 the baseline's code runs from a `git worktree` of that commit with this venv. Per part, the run's own clock
-(`coevolve.train_calls.StepClock`, metrics.jsonl `train_seconds`, summed over iterations) and its phase seconds
+(`coevolve.train.calls.StepClock`, metrics.jsonl `train_seconds`, summed over iterations) and its phase seconds
 (`seconds`: eval, signals, synthesis); `other` is the command's wall time minus all of them (imports, model and
 trainer set-up, the final save and the report). The baseline has no step clock: only its wall and phase
 seconds are shown. Held-out before and after are the runs' own (a speed-up that changed them would show here).
@@ -131,7 +131,7 @@ logging, checkpoint save and reload, and held-out evaluation cost; and the wall 
 
 Command: `python bench/step_time.py --configs {' '.join(args.configs)}` ({machine_line()}). One `coevolve train
 --config configs/NAME.yaml` per row, after setup, float32 as shipped. Parts from the run's step clock
-(`coevolve.train_calls`): `loss` = TRL's log-probability passes, advantages, the loss's forward and backward;
+(`coevolve.train.calls`): `loss` = TRL's log-probability passes, advantages, the loss's forward and backward;
 `resume` = the start of each iteration's `train()` call up to its first step (the checkpoint's optimizer,
 scheduler and RNG read back; the weights are no longer read back when the process holds them); `other` = wall
 minus everything clocked (imports, model and trainer set-up, the final save, the report).

@@ -93,7 +93,7 @@ class StepClock:
 def run_ours(config, model_dir: str, tokenizer, env, tasks, renderer, scratch: Path) -> dict:
     from dataclasses import replace
 
-    import coevolve.train as train
+    import coevolve.train.grpo as train
     from coevolve.jsonl import JsonLines
     from coevolve.rollout import trajectory_summary
     from coevolve.train import EnvRollouts, build_trainer
@@ -206,7 +206,7 @@ def main() -> None:
 
     import torch
 
-    import coevolve.train as train
+    import coevolve.train.grpo as train
     from coevolve.config import load_config
     from coevolve.envs.bfcl_lite import BFCLLiteEnv
     from coevolve.policy.chat import ChatRenderer, build_demonstrations

@@ -108,7 +108,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from coevolve.config import Config
 from coevolve.curriculum import CurriculumConfig, pool_draw_summary, pool_weights
@@ -119,7 +119,7 @@ from coevolve.metrics import IterationMetrics, RunResult
 from coevolve.pool import BatchMix, TaskPool, recently_solved
 from coevolve.records import SIGNAL_KINDS, ExplorationContext, Task, Trajectory
 from coevolve.report import write_report
-from coevolve.run_setup import (METRICS, Heldout, PhaseTimer, build_env, build_eval, build_renderer, build_trainer,
+from coevolve.run_setup import (METRICS, Heldout, PhaseTimer, build_env, build_eval, build_renderer,
                                 check_heldout, check_processes, exposed_tools, first_heldout, heldout_text,
                                 last_heldout, load_tasks, new_tool_tasks, open_pool, policy_backend, pool_sizes,
                                 process_state, resolve_config, resume_plan, run_logging, success_by, summary_of,
@@ -128,7 +128,14 @@ from coevolve.signals import SignalReport, extract_signals
 from coevolve.states import new_state_tasks, state_coverage
 from coevolve.synthesis import (Deadline, Stage, SynthesisResult, abstract, build_abstractor, build_explorer, explore,
                                 signal_contexts, synthesis_result, validate)
+from coevolve.train.calls import attach_trainer
 from coevolve.validate import Validator
+
+if TYPE_CHECKING:
+    from trl import GRPOTrainer
+
+    from coevolve.train.calls import StepClock
+    from coevolve.train.grpo import EnvRollouts
 
 STEPS, ROLLOUTS, SAMPLES, LINEAGE, HELDOUT = (
     "steps.jsonl", "rollouts.jsonl", "samples.jsonl", "synthesis.jsonl", "heldout.jsonl")
@@ -205,7 +212,7 @@ def grpo_steps(run: "Run", t: int, tasks: Sequence[Task]) -> list[Trajectory]:
     the trajectories they trained on, read back from rollouts.jsonl. Steps already in the last checkpoint are not
     trained again (a resumed run); their rollouts are in the log."""
     from coevolve.train import TrainingError
-    from coevolve.train_calls import checkpoint_step, last_checkpoint, load_weights, train_steps
+    from coevolve.train.calls import checkpoint_step, last_checkpoint, load_weights, train_steps
 
     first, last = run.step_range(t)
     checkpoint = last_checkpoint(run.directory)
@@ -387,15 +394,17 @@ class Run:
     say: Callable[[str], None]
     is_main: bool = True
     num_processes: int = 1
-    trainer: Any = None
-    rollouts: Any = None
+    trainer: "GRPOTrainer | None" = None
+    """TRL's trainer (`coevolve.train.grpo`'s subclass), set by `coevolve.train.calls.attach_trainer` alone; None in
+    mode zero-shot."""
+    rollouts: "EnvRollouts | None" = None
     """The trainer's rollout function (`coevolve.train.EnvRollouts`): its slots say which task each row is."""
     backend: Any = None
     """A fixed generation backend (tests, benchmarks, mode zero-shot), else the model being trained."""
     abstractor: Any = None
     offline_explorer: Any = None
-    clock: Any = None
-    """Where the train phase's seconds go (`coevolve.train_calls.StepClock`)."""
+    clock: "StepClock | None" = None
+    """Where the train phase's seconds go (`coevolve.train.calls.StepClock`)."""
 
     def __post_init__(self) -> None:
         loop = self.config.loop
@@ -520,7 +529,7 @@ def _run(config: Config, directory: Path, process: Any, started: float, resume: 
                     num_processes=process.num_processes, backend=backend)
         plan = resume_plan(state, resume)
         if config.run.mode != "zero-shot":
-            build_trainer(state, tokenizer)
+            attach_trainer(state, tokenizer)
         explored = config.loop.d0 == "explored" and config.run.mode != "zero-shot"
         if state.is_main and (config.run.mode == "synthetic" or explored) and not plan.baseline_done:
             synthesize_before_training(state)
@@ -555,7 +564,7 @@ def _run(config: Config, directory: Path, process: Any, started: float, resume: 
 
 
 def save_final(run: Run, tokenizer: Any) -> None:
-    from coevolve.train_calls import last_checkpoint, load_weights
+    from coevolve.train.calls import last_checkpoint, load_weights
 
     final_dir = run.directory / "final"
     if run.trainer.state.global_step == 0:  # a finished run resumed with nothing to train

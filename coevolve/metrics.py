@@ -46,7 +46,7 @@ class IterationMetrics:
     """`SignalReport.pattern_summary()`: per n-gram size, the action patterns seen (total, distinct), the rare ones
     and the θ that decided it."""
     train_seconds: Mapping[str, float] = field(default_factory=dict)
-    """The train phase's seconds by part, summed over the iteration's steps (`coevolve.train_calls`): rollout, loss,
+    """The train phase's seconds by part, summed over the iteration's steps (`coevolve.train.calls`): rollout, loss,
     optimizer, logging, save, resume."""
     guided: int = 0
     """Guided rollouts trained on in the iteration (`grpo.guidance`): all-failure groups given their solution."""

@@ -363,35 +363,7 @@ def run_logging(directory: Path) -> Iterator[Path]:
         handler.close()
 
 
-def quiet_console(trainer: Any, total_steps: int, show: bool) -> None:
-    """Replace the trainer's console output (a bar per train() call, and every step's metrics dict printed) with
-    one bar over the run's steps; the metrics are in steps.jsonl."""
-    from transformers import PrinterCallback, ProgressCallback, TrainerCallback
-    from tqdm.auto import tqdm
-
-    trainer.remove_callback(ProgressCallback)
-    trainer.remove_callback(PrinterCallback)
-
-    class _Steps(TrainerCallback):
-        bar = None
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            if show and self.bar is None:
-                self.bar = tqdm(total=total_steps, desc="GRPO steps", unit="step", dynamic_ncols=True)
-            if self.bar is not None:
-                self.bar.n = state.global_step
-                self.bar.refresh()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if self.bar is not None:
-                self.bar.update(state.global_step - self.bar.n)
-                if state.global_step >= total_steps:
-                    self.bar.close()
-
-    trainer.add_callback(_Steps())
-
-
-# Where a run picks up, and its trainer (plumbing the loop's `_run` calls)
+# Where a run picks up (plumbing the loop's `_run` calls; its trainer: `coevolve.train.calls.attach_trainer`)
 
 
 @dataclass(frozen=True)
@@ -406,7 +378,7 @@ class ResumePlan:
 def resume_plan(run: Any, resume: bool) -> ResumePlan:
     """Decide what a (resumed) run still has to do, and drop the log lines of steps lost with a kill: those steps
     train again with the same seeds, so their lines would otherwise come twice."""
-    from coevolve.train_calls import checkpoint_step, last_checkpoint
+    from coevolve.train.calls import checkpoint_step, last_checkpoint
 
     checkpoint = last_checkpoint(run.directory) if resume else None
     step = checkpoint_step(checkpoint) if checkpoint else 0
@@ -417,49 +389,6 @@ def resume_plan(run: Any, resume: bool) -> ResumePlan:
     recorded = run.recorded()
     pending = [t for t in range(1, run.iterations + 1) if t not in recorded]
     return ResumePlan(step, pending[0] if pending else run.iterations + 1, 0 in recorded)
-
-
-def build_trainer(run: Any, tokenizer: Any) -> None:
-    """TRL's GRPO trainer over the run's model (`run`: `coevolve.loop.Run`), with our rollouts (`coevolve.train`)
-    as its rollout function, its step clock and its metrics and config callbacks."""
-    from coevolve.policy.models import resolve_model
-    from coevolve.train import EnvRollouts, build_trainer as trl_trainer, slot_dataset
-    from coevolve.train_calls import StepClock, metrics_callback
-    from coevolve.rollout import trajectory_summary
-
-    config, pending = run.config, {}
-
-    def on_step(record) -> None:
-        pending[record.step] = record.summary()
-        run.rollouts_log.extend([{"step": record.step, **trajectory_summary(t)} for t in record.trajectories])
-
-    run.rollouts = EnvRollouts(run.env, run.pool.tasks_at(0), run.renderer, config.rollout.engine(),
-                               seed=config.run.seed, mask_truncated=config.grpo.mask_truncated, backend=run.backend,
-                               on_step=on_step, reward=config.grpo.reward, partial_credit=config.grpo.partial_credit,
-                               max_consecutive_failures=config.rollout.max_consecutive_failures,
-                               guidance=config.grpo.guidance)
-    run.clock = StepClock(lambda: run.rollouts.last.seconds if run.rollouts.last is not None else 0.0)
-    run.trainer = trl_trainer(config, run.directory, resolve_model(config.model.name), tokenizer, run.rollouts, [],
-                              callbacks=[metrics_callback(run.steps_log, pending), config_callback(config),
-                                         run.clock.callback()],
-                              dataset=slot_dataset(run.slots))
-    quiet_console(run.trainer, config.run.max_steps, run.is_main)
-
-
-def config_callback(config: Config) -> Any:
-    """A `TrainerCallback` that saves the run's config into every checkpoint (what `--resume` compares against)."""
-    from transformers import TrainerCallback
-
-    from coevolve.config import write_config
-
-    class _SaveConfig(TrainerCallback):
-        def on_save(self, args, state, control, **kwargs):
-            if state.is_world_process_zero:
-                folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-                write_config(config, folder / CHECKPOINT_CONFIG)
-            return control
-
-    return _SaveConfig()
 
 
 class PhaseTimer:

@@ -68,7 +68,7 @@ def test_every_mode_runs_two_iterations_and_records_them(mode, tmp_path, ls_poli
     assert all(m["heldout_success"] is not None for m in metrics)  # eval_every = 1
     assert all(0.0 <= m["train_success"] <= 1.0 and m["seconds"]["train"] > 0 for m in metrics[1:])
     assert all(set(m["seconds"]) == {"train", "signals", "synthesis", "eval"} for m in metrics)
-    from coevolve.train_calls import TRAIN_PARTS
+    from coevolve.train.calls import TRAIN_PARTS
 
     trained = [m for m in metrics[1:] if m["train_seconds"]]
     assert all(set(m["train_seconds"]) == set(TRAIN_PARTS) for m in trained)

@@ -201,7 +201,7 @@ def test_grpo_steps_in_several_train_calls_equal_one_call(tmp_path, ls_policy_di
     from coevolve.envs.bfcl_lite import BFCLLiteEnv
     from coevolve.policy.chat import ChatRenderer
     from coevolve.train import EnvRollouts, build_trainer
-    from coevolve.train_calls import train_steps
+    from coevolve.train.calls import train_steps
 
     tasks = ls_tasks(4)
     config = load_config(None, overrides(ls_policy_dir, tmp_path / "unused.jsonl", "run.max_steps=4",

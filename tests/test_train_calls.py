@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from coevolve import train_calls
-from coevolve.train_calls import TRAIN_PARTS, StepClock
+from coevolve.train import calls as train_calls
+from coevolve.train.calls import TRAIN_PARTS, StepClock
 
 
 def test_parts_follow_the_trainer_events(monkeypatch):

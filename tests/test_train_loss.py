@@ -178,7 +178,7 @@ def test_uniform_groups_and_masked_tokens_carry_no_gradient(setup):
 
 
 def test_cpu_compact_scoring_gives_the_same_logprobs(setup):
-    import coevolve.train as train
+    import coevolve.train.grpo as train
 
     trainer, _, inputs = setup
     ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)

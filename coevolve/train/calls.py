@@ -1,8 +1,9 @@
 """The loop's GRPO steps and what they record: one `trainer.train()` call per CoEvolve iteration, resumed from
 the checkpoint the previous call saved (`train_steps`: the optimizer, scheduler and RNG carry over exactly as in
 one uninterrupted call, and as after a kill: a resume is the same path); TRL's logged values with our rollout
-summary (steps.jsonl); and where every second of a GRPO step goes (`StepClock`). Nothing here imports TRL: the
-trainer is the one `coevolve.train` builds.
+summary (steps.jsonl); where every second of a GRPO step goes (`StepClock`); the trainer's other callbacks (the
+config saved into each checkpoint, one progress bar over the run) and `attach_trainer`, which builds the trainer
+(`coevolve.train.grpo`) for a run. Checkpoint I/O is here too (`last_checkpoint`, `load_weights`).
 
 A step's seconds, as the trainer's callbacks see them (transformers' `TrainerCallback` events, in order):
 
@@ -25,9 +26,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from coevolve.jsonl import JsonLines
+
+if TYPE_CHECKING:
+    from coevolve.config import Config
+    from coevolve.loop import Run
 
 TRAIN_PARTS = ("rollout", "loss", "optimizer", "logging", "save", "resume")
 CHECKPOINTS = "checkpoints"
@@ -120,7 +125,7 @@ def train_steps(trainer: Any, directory: Path, until_step: int, clock: Any = Non
     checkpoint; returns the global step reached. Each call is a `trainer.train(resume_from_checkpoint=...)`: the
     weights, optimizer, scheduler, RNG and step counter come back from the checkpoint the previous call saved, so
     a run of T calls trains exactly as one call over all steps would (tested), and a run resumed after a kill
-    takes the very same path; `clock` (`coevolve.train_calls.StepClock`) times the call's start as `resume`."""
+    takes the very same path; `clock` (`coevolve.train.calls.StepClock`) times the call's start as `resume`."""
     from transformers import TrainerCallback
 
     class _StopAt(TrainerCallback):
@@ -162,3 +167,80 @@ def last_checkpoint(output_dir: Path) -> Path | None:
     folder = output_dir / CHECKPOINTS
     done = [p for p in folder.glob("checkpoint-*") if (p / "trainer_state.json").exists()] if folder.exists() else []
     return max(done, key=checkpoint_step, default=None)
+
+
+# The trainer of a run, and its console
+
+
+def quiet_console(trainer: Any, total_steps: int, show: bool) -> None:
+    """Replace the trainer's console output (a bar per train() call, and every step's metrics dict printed) with
+    one bar over the run's steps; the metrics are in steps.jsonl."""
+    from transformers import PrinterCallback, ProgressCallback, TrainerCallback
+    from tqdm.auto import tqdm
+
+    trainer.remove_callback(ProgressCallback)
+    trainer.remove_callback(PrinterCallback)
+
+    class _Steps(TrainerCallback):
+        bar = None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            if show and self.bar is None:
+                self.bar = tqdm(total=total_steps, desc="GRPO steps", unit="step", dynamic_ncols=True)
+            if self.bar is not None:
+                self.bar.n = state.global_step
+                self.bar.refresh()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.bar is not None:
+                self.bar.update(state.global_step - self.bar.n)
+                if state.global_step >= total_steps:
+                    self.bar.close()
+
+    trainer.add_callback(_Steps())
+
+
+
+
+def attach_trainer(run: "Run", tokenizer: Any) -> None:
+    """TRL's GRPO trainer over the run's model, with our rollouts (`coevolve.train.grpo.EnvRollouts`) as its
+    rollout function, its step clock and its metrics and config callbacks: the one place `Run.trainer`,
+    `Run.rollouts` and `Run.clock` are set."""
+    from coevolve.policy.models import resolve_model
+    from coevolve.train.grpo import EnvRollouts, build_trainer as trl_trainer, slot_dataset
+    from coevolve.rollout import trajectory_summary
+
+    config, pending = run.config, {}
+
+    def on_step(record) -> None:
+        pending[record.step] = record.summary()
+        run.rollouts_log.extend([{"step": record.step, **trajectory_summary(t)} for t in record.trajectories])
+
+    run.rollouts = EnvRollouts(run.env, run.pool.tasks_at(0), run.renderer, config.rollout.engine(),
+                               seed=config.run.seed, mask_truncated=config.grpo.mask_truncated, backend=run.backend,
+                               on_step=on_step, reward=config.grpo.reward, partial_credit=config.grpo.partial_credit,
+                               max_consecutive_failures=config.rollout.max_consecutive_failures,
+                               guidance=config.grpo.guidance)
+    run.clock = StepClock(lambda: run.rollouts.last.seconds if run.rollouts.last is not None else 0.0)
+    run.trainer = trl_trainer(config, run.directory, resolve_model(config.model.name), tokenizer, run.rollouts, [],
+                              callbacks=[metrics_callback(run.steps_log, pending), config_callback(config),
+                                         run.clock.callback()],
+                              dataset=slot_dataset(run.slots))
+    quiet_console(run.trainer, config.run.max_steps, run.is_main)
+
+
+def config_callback(config: Config) -> Any:
+    """A `TrainerCallback` that saves the run's config into every checkpoint (what `--resume` compares against)."""
+    from transformers import TrainerCallback
+
+    from coevolve.config import write_config
+    from coevolve.run_setup import CHECKPOINT_CONFIG
+
+    class _SaveConfig(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            if state.is_world_process_zero:
+                folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+                write_config(config, folder / CHECKPOINT_CONFIG)
+            return control
+
+    return _SaveConfig()

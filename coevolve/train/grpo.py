@@ -42,7 +42,7 @@ are in the sequence (the model attends to them) but carry no loss. How that maps
 - The seam: everything private of TRL/transformers this module overrides or reads is listed in `TRL_SEAM` and
   checked against the installed TRL when a trainer is built (`check_trl`), so an upgrade that moves one fails at
   start with the supported versions named, not mid-run.
-- The loop's GRPO steps (`coevolve.train_calls.train_steps`): `trainer.train()` once per CoEvolve iteration,
+- The loop's GRPO steps (`coevolve.train.calls.train_steps`): `trainer.train()` once per CoEvolve iteration,
   resumed from the checkpoint the previous call saved at its last step, so the optimizer, scheduler and RNG carry over exactly as in one
   uninterrupted call (and as after a kill: a resume is the same path).
 """
@@ -58,7 +58,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental" in TRL; we know
 
-from coevolve.train_calls import CHECKPOINTS, checkpoint_step
+from coevolve.train.calls import CHECKPOINTS, checkpoint_step
 from coevolve.config import Config, ConfigError, micro_batches
 from coevolve.envs.base import Env
 from coevolve.policy.backends import SamplingConfig
