@@ -333,3 +333,21 @@ def test_the_history_sampler_and_the_state_rare_steer_a_run_and_say_what_the_dra
     assert third["admitted_last_rollouts"] == sum(1 for r in own if r["task_id"] in fresh)
     assert third["admitted_last"] == sum(1 for task_id in samples[3] if task_id in fresh)
     assert metrics[-1]["state_tasks"]["admitted"] >= len(in_folder) and metrics[-1]["state_tasks"]["steered"] > 0
+
+
+def test_a_rollout_log_that_does_not_hold_steps_x_prompts_x_k_stops_the_redo_with_the_reason(tmp_path, ls_policy_dir,
+                                                                                              tasks_file):
+    """The phase boundary: an iteration's rollouts are steps x prompts_per_step x K. A redo of iteration 2 from its
+    logs (its metrics line gone, as after a kill in its feedback) with one rollout row missing is refused."""
+    from coevolve.train import TrainingError
+
+    out = tmp_path / "short"
+    options = settings(ls_policy_dir, tasks_file, "static")
+    run(None, options, str(out), say=lambda text: None)
+    metrics = (out / "metrics.jsonl").read_text().splitlines()
+    (out / "metrics.jsonl").write_text("\n".join(metrics[:-1]) + "\n")  # iteration 2 not committed
+    rows = (out / "rollouts.jsonl").read_text().splitlines()
+    dropped = next(i for i, line in enumerate(rows) if json.loads(line)["iteration"] == 2)
+    (out / "rollouts.jsonl").write_text("\n".join(rows[:dropped] + rows[dropped + 1:]) + "\n")
+    with pytest.raises(TrainingError, match=r"iteration 2: the logs hold 7 rollouts, not .* = 8"):
+        run(None, [], str(out), resume=True, say=lambda text: None)

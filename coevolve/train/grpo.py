@@ -407,7 +407,7 @@ def _trainer_class() -> type:
             if self._step % generate_every == 0 or self._buffered_inputs is None:
                 batch = self._generate_and_score_completions(generation_batch)
                 batch = split_pixel_values_by_grid(batch)
-                order = flat_groups_last(batch["advantages"], self.num_generations)
+                order = flat_groups_last(batch["advantages"], self.coevolve_group_size)
                 batch = {key: permuted(value, order) for key, value in batch.items()}
                 self._buffered_inputs = [unsplit_pixel_values_by_grid(part)
                                          for part in split_tensor_dict(batch, self.args.steps_per_generation)]
@@ -485,6 +485,10 @@ def build_trainer(config: Config, output_dir: Path, model_path: str, tokenizer: 
         rollout_func=rollouts,
         callbacks=list(callbacks),
     )
+    trainer.coevolve_group_size = config.rollout.group_size  # K, ours; TRL's num_generations was set from it
+    if trainer.num_generations != trainer.coevolve_group_size:
+        raise TrainingError(f"TRL groups {trainer.num_generations} rollouts, rollout.group_size is "
+                            f"{trainer.coevolve_group_size}")
     trainer.coevolve_shared_prefix = config.grpo.shared_prefix
     trainer.coevolve_skip_flat = config.grpo.skip_flat_micro_batches
     trainer.coevolve_master_weights = config.grpo.master_weights
