@@ -28,15 +28,19 @@ import copy
 import inspect
 import json
 import logging
+import os
 import shlex
+import sys
 import tempfile
 import threading
+import time
 from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 from coevolve.envs.base import EnvFailed
 from coevolve.envs.user_env import EnvDefinitionError, import_attribute
 
 DEFAULT_MAX_SESSIONS = {"in-process": 1024, "stdio": 64}
+DEFAULT_MAX_RESULT_CHARS = 8000
 """Sessions open at once, by default: a rollout opens all its episodes at its start (prompts_per_step x group_size,
 and a held-out pass one per task and sample); an in-process session is a small object, a stdio one a process."""
 START_TIMEOUT_S = 30.0
@@ -97,7 +101,9 @@ class Session:
     raised, or `SessionLost`)."""
 
     def __init__(self, connect: Callable[[], Any], slots: Slots, call_timeout_s: float,
-                 start_timeout_s: float = START_TIMEOUT_S) -> None:
+                 start_timeout_s: float = START_TIMEOUT_S, started_at: float | None = None) -> None:
+        """`started_at` (time.monotonic()): when the server's start began (a factory's call counts): one
+        deadline, `start_timeout_s`, covers the factory, the process and the handshake."""
         self.call_timeout_s = call_timeout_s
         self.lost: str | None = None
         self._slots, self._slot_lock, self._holding = slots, threading.Lock(), False
@@ -109,6 +115,7 @@ class Session:
         # Not waited for here: a rollout opens all its episodes first, so their servers (a process each, for
         # stdio) start side by side on the loop; the first request waits for its own.
         self._ready: concurrent.futures.Future | None = concurrent.futures.Future()
+        self._start_deadline = (time.monotonic() if started_at is None else started_at) + start_timeout_s
         self._start_timeout_s = start_timeout_s
         self._task_future = asyncio.run_coroutine_threadsafe(self._serve(connect, self._ready), self._loop)
 
@@ -118,9 +125,10 @@ class Session:
             return
         ready, self._ready = self._ready, None
         try:
-            ready.result(self._start_timeout_s)
+            ready.result(max(0.0, self._start_deadline - time.monotonic()))
         except concurrent.futures.TimeoutError:
-            self._abandon(f"the MCP server did not start within {self._start_timeout_s:g} s")
+            self._abandon(f"the MCP server did not start within {self._start_timeout_s:g} s "
+                          "(env.options.start_timeout_s)")
             raise SessionLost(self.lost) from None
         except BaseException as error:  # noqa: BLE001 - the server could not start: one line, why
             self.lost = f"the MCP server could not start: {describe(error)}"
@@ -187,6 +195,48 @@ class Session:
                 raise SessionLost(self.lost) from None
             raise error
 
+    def list_tools(self) -> list[dict[str, Any]]:
+        """Every listed tool (every page) as plain data: name, description, title, input schema."""
+        return [{"name": tool.name, "description": tool.description, "title": tool.title,
+                 "input_schema": dict(tool.input_schema or {"type": "object"})} for tool in self.request(_all_tools)]
+
+    def call(self, name: str, arguments: Mapping[str, Any], max_chars: int = DEFAULT_MAX_RESULT_CHARS
+             ) -> tuple[str, str | None]:
+        """(observation, error) of one tool call; raises `SessionLost` when the server is gone. A protocol error
+        and a result with `isError` are observations with their text (the agent's call, answered)."""
+        from mcp import MCPError
+        from mcp_types import CONNECTION_CLOSED
+
+        async def send(client: Any) -> Any:
+            return await client.call_tool(name, dict(arguments))
+
+        try:
+            result = self.request(send)
+        except MCPError as error:  # the server refused the request (the agent's call, answered), or is gone
+            if error.code == CONNECTION_CLOSED:
+                self.lose(f"the MCP server closed the connection during {name} (it exited or crashed)")
+                raise SessionLost(self.lost) from None
+            reason = f"{name}: {str(error)[:300]}"
+            return f"Error: {reason}", reason
+        except SessionLost:
+            raise
+        except Exception as error:  # noqa: BLE001 - a broken transport or a malformed answer: the server's failure
+            self.lose(f"the MCP session broke on {name}: {describe(error)}")
+            raise SessionLost(self.lost) from None
+        text = result_text(result, max_chars)
+        if result.is_error:
+            return f"Error: {text}", f"{name}: {text[:300]}"
+        return text, None
+
+    def responsive(self, within_s: float = 1.0) -> bool:
+        """Whether the sessions' event loop still runs (a tool that blocks it in plain code stalls every session
+        on it: the caller then gives up the whole loop, e.g. the MCP worker process)."""
+        try:
+            asyncio.run_coroutine_threadsafe(asyncio.sleep(0), self._loop).result(within_s)
+        except (concurrent.futures.TimeoutError, RuntimeError):
+            return False
+        return True
+
     def lose(self, reason: str) -> None:
         """Give the session up (a broken transport): every later request answers `SessionLost(reason)`."""
         self._abandon(reason)
@@ -206,6 +256,38 @@ class Session:
             if self._holding:
                 self._holding = False
                 self._slots.give_back()
+
+
+MAX_TOOL_PAGES = 100
+"""`list_tools` pages read at most: a server whose cursor never ends cannot hang the env's start."""
+MAX_TOOLS = 512
+"""Tools a server may list: more is refused when the env is made (every tool is in every prompt; 10,000 of them
+made a 617,933-token prompt). Set env.options.max_tools to allow more."""
+
+
+async def _all_tools(client: Any, limit: int = MAX_TOOLS) -> list[Any]:
+    tools, cursor = [], None
+    for _ in range(MAX_TOOL_PAGES):
+        page = await client.list_tools(cursor=cursor)
+        tools.extend(page.tools)
+        cursor = page.next_cursor
+        if not cursor or len(tools) > limit:
+            break
+    return tools
+
+
+def result_text(result: Any, limit: int = DEFAULT_MAX_RESULT_CHARS) -> str:
+    """A `CallToolResult` as an observation: its text blocks (other blocks named), else its structured content."""
+    from coevolve.records import canonical_json
+
+    parts = [block.text if getattr(block, "type", "") == "text" else f"[{getattr(block, 'type', 'other')} content]"
+             for block in (result.content or [])]
+    if parts:
+        text = "\n".join(str(part) for part in parts)
+    else:
+        structured = getattr(result, "structured_content", None)
+        text = canonical_json(structured) if structured is not None else ""
+    return text if len(text) <= limit else text[:limit] + " ...(cut)"
 
 
 def describe(error: BaseException) -> str:
@@ -252,14 +334,35 @@ def route_logs() -> None:
         logger.setLevel(logging.INFO)
 
 
-_FACTORY_THREADS: list[concurrent.futures.ThreadPoolExecutor] = []
+def _in_daemon_thread(function: Callable[[], T], timeout: float) -> T:
+    """`function()` on a daemon thread of its own, waited for at most `timeout` s: a factory that never returns
+    holds only that thread, never the caller, and never the interpreter's exit (an executor's threads are joined
+    at exit: a factory sleeping 70 s kept the CLI alive 40 s after its answer)."""
+    done: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            done.set_result(function())
+        except BaseException as error:  # noqa: BLE001 - SystemExit included: handed to the caller
+            done.set_exception(error)
+
+    threading.Thread(target=run, name="coevolve-mcp-factory", daemon=True).start()
+    return done.result(timeout)
 
 
-def _factory_threads() -> concurrent.futures.ThreadPoolExecutor:
-    """A few threads, shared, for the factories' calls (a stuck one holds its thread, never the caller)."""
-    if not _FACTORY_THREADS:
-        _FACTORY_THREADS.append(concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="coevolve-mcp-factory"))
-    return _FACTORY_THREADS[0]
+ORPHAN_GUARD = ("import ctypes, os, signal, sys\n"
+                "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG\n"
+                "if os.getppid() != int(sys.argv[1]): os._exit(1)  # the parent died before the line above\n"
+                "os.execvp(sys.argv[2], sys.argv[2:])")
+"""Runs a stdio server's command so that it dies with the process that started it (Linux): a server that never
+answers, or one left behind when the CLI exits, is killed with it instead of living on under init."""
+
+
+def guarded_command(command: Sequence[str]) -> list[str]:
+    """`command`, started through ORPHAN_GUARD where the platform has PR_SET_PDEATHSIG (Linux), else as it is."""
+    if not sys.platform.startswith("linux"):
+        return list(command)
+    return [sys.executable, "-I", "-S", "-c", ORPHAN_GUARD, str(os.getpid()), *command]
 
 
 class ServerSource:
@@ -311,7 +414,7 @@ class ServerSource:
             return None
         return None
 
-    def connect(self, reset: Mapping[str, Any]) -> Callable[[], Any]:
+    def connect(self, reset: Mapping[str, Any], start_timeout_s: float = START_TIMEOUT_S) -> Callable[[], Any]:
         """A callable that returns an un-entered `mcp.Client` on a server for `reset` (made now, in this thread:
         a slow factory never stalls the other sessions' loop)."""
         from mcp import Client
@@ -325,10 +428,11 @@ class ServerSource:
                 return self.factory(**copy.deepcopy(dict(reset)))
 
         try:  # on a helper thread, under the start deadline: a factory that never returns costs one episode
-            server = _factory_threads().submit(make).result(START_TIMEOUT_S)
+            server = _in_daemon_thread(make, start_timeout_s)
         except concurrent.futures.TimeoutError:
-            raise SessionLost(f"the server factory {self.label} did not return within {START_TIMEOUT_S:g} s") from None
-        except Exception as error:  # noqa: BLE001 - a factory that raises: the episode says why
+            raise SessionLost(f"the server factory {self.label} did not return within {start_timeout_s:g} s "
+                              "(env.options.start_timeout_s)") from None
+        except BaseException as error:  # noqa: BLE001 - a factory that raises (or exits): the episode says why
             raise SessionLost(f"the server factory {self.label} raised {describe(error)}") from None
         if not _is_server(server):
             raise SessionLost(f"the server factory {self.label} returned a {type(server).__name__}, not an MCP server")
@@ -341,7 +445,8 @@ async def _stdio_transport(command: Sequence[str], reset: Mapping[str, Any], cwd
     from mcp import StdioServerParameters
     from mcp.client.stdio import stdio_client
 
-    parameters = StdioServerParameters(command=command[0], args=list(command[1:]), cwd=cwd,
+    guarded = guarded_command(command)
+    parameters = StdioServerParameters(command=guarded[0], args=guarded[1:], cwd=cwd,
                                        env={RESET_VARIABLE: json.dumps(dict(reset))})
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as errors:
         try:

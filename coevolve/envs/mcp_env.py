@@ -38,40 +38,30 @@ from __future__ import annotations
 import collections
 import copy
 import json
+import time
+import warnings
 import weakref
 from typing import Any, Mapping, Sequence
 
 from coevolve.calls import DEFAULT_LIMITS, CallError, CallLimits, parse_call
 from coevolve.envs import ENVS
 from coevolve.envs.base import ENV_FAILURE, Env, ToolEpisode
-from coevolve.envs.mcp_bridge import (DEFAULT_MAX_SESSIONS, ServerSource, Session, SessionLost, Slots, describe,
-                                      route_logs)
+from coevolve.envs.mcp_bridge import (DEFAULT_MAX_RESULT_CHARS, DEFAULT_MAX_SESSIONS, MAX_TOOLS, START_TIMEOUT_S,
+                                      ServerSource,
+                                      Session, SessionLost, Slots, result_text, route_logs)
+from coevolve.envs.mcp_worker import WorkerSession, mcp_worker
 from coevolve.envs.user_env import EnvDefinitionError, doc_parts, load_task_file
 from coevolve.envs.python_worker import DEFAULT_CALL_TIMEOUT_S
 from coevolve.records import Check, Message, Score, Task, ToolCall, canonical_json
 from coevolve.states import ARGUMENT_STATES, StatePatterns
 
-DEFAULT_MAX_RESULT_CHARS = 8000
-MAX_TOOL_PAGES = 100
-"""`list_tools` pages read at most: a server whose cursor never ends cannot hang the env's start."""
+__all__ = ["MCPEnv", "MCPEpisode", "check_mcp_env", "result_text"]
 TRUTH_CACHE_SIZE = 512
 
 
 # --------------------------------------------------------------------------------------------------------------
 # Results and tools
 # --------------------------------------------------------------------------------------------------------------
-
-
-def result_text(result: Any, limit: int = DEFAULT_MAX_RESULT_CHARS) -> str:
-    """A `CallToolResult` as an observation: its text blocks (other blocks named), else its structured content."""
-    parts = [block.text if getattr(block, "type", "") == "text" else f"[{getattr(block, 'type', 'other')} content]"
-             for block in (result.content or [])]
-    if parts:
-        text = "\n".join(parts)
-    else:
-        structured = getattr(result, "structured_content", None)
-        text = canonical_json(structured) if structured is not None else ""
-    return text if len(text) <= limit else text[:limit] + " ...(cut)"
 
 
 def _tool_doc(name: str, description: str, schema: Mapping[str, Any]) -> dict[str, Any]:
@@ -88,17 +78,6 @@ def _tool_doc(name: str, description: str, schema: Mapping[str, Any]) -> dict[st
             if not value.get("description") and described.get(argument):
                 value["description"] = described[argument]
     return {"name": name, "description": summary or description, "parameters": parameters}
-
-
-async def _all_tools(client: Any) -> list[Any]:
-    tools, cursor = [], None
-    for _ in range(MAX_TOOL_PAGES):
-        page = await client.list_tools(cursor=cursor)
-        tools.extend(page.tools)
-        cursor = page.next_cursor
-        if not cursor:
-            break
-    return tools
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -118,12 +97,20 @@ class MCPEnv(Env):
                  split: str | None = None, state_calls: Sequence[str] = (), reward_tool: str | None = None,
                  call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S, max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
                  max_sessions: int | None = None, cwd: str | None = None,
-                 limits: CallLimits = DEFAULT_LIMITS, scope: str = "exposed") -> None:
-        """`scope` is taken for the CLI's sake: an MCP server's tools are all exposed in every turn."""
+                 limits: CallLimits = DEFAULT_LIMITS, scope: str = "exposed", isolate: bool = True,
+                 max_tools: int = MAX_TOOLS, start_timeout_s: float = START_TIMEOUT_S) -> None:
+        """`scope` is taken for the CLI's sake: an MCP server's tools are all exposed in every turn. `isolate`:
+        an in-process server named `package.module:ATTR` runs in a worker process (`coevolve.envs.mcp_worker`).
+        `max_tools`: a server listing more tools is refused."""
         if split is not None and split not in ("train", "test"):
             raise ValueError(f"split must be train or test, got {split!r}")
-        if not call_timeout_s > 0 or not max_result_chars > 0:
-            raise ValueError("call_timeout_s and max_result_chars must be positive")
+        if not call_timeout_s > 0 or not max_result_chars > 0 or not start_timeout_s > 0:
+            raise ValueError("call_timeout_s, start_timeout_s and max_result_chars must be positive")
+        if max_sessions is not None and (isinstance(max_sessions, bool) or not isinstance(max_sessions, int)
+                                         or max_sessions < 1):
+            raise EnvDefinitionError(f"env.options.max_sessions: a whole number of at least 1, got {max_sessions!r}")
+        if isinstance(max_tools, bool) or not isinstance(max_tools, int) or max_tools < 1:
+            raise EnvDefinitionError(f"env.options.max_tools: a whole number of at least 1, got {max_tools!r}")
         if isinstance(state_calls, str) or not all(isinstance(call, str) for call in state_calls):
             raise EnvDefinitionError("env.options.state_calls: a list of call strings, e.g. [\"list_notes()\"]")
         route_logs()
@@ -131,8 +118,17 @@ class MCPEnv(Env):
         self.name = f"mcp:{self.source.label}"
         self.split, self.limits, self.reward_tool = split, limits, reward_tool
         self.call_timeout_s, self.max_result_chars = float(call_timeout_s), int(max_result_chars)
+        self.start_timeout_s = float(start_timeout_s)
         kind = "stdio" if self.source.command else "in-process"
         self.slots = Slots(max_sessions or DEFAULT_MAX_SESSIONS[kind])
+        self.max_tools = max_tools
+        self.worker = None
+        if isolate and isinstance(server, str):
+            self.worker = mcp_worker(self.call_timeout_s)
+        elif isolate and server is not None:
+            warnings.warn(f"{self.name}: a server given as an object cannot be sent to a worker process (name it as "
+                          "package.module:ATTR): its tools run in this process, where one that exits or blocks "
+                          "ends or stalls the run", RuntimeWarning, stacklevel=2)
         no_reward = None if reward_tool else "env.options.reward_tool is not set"
         self._tasks = load_task_file(tasks, self.name, no_reward, checks=True) if tasks else []
         for task in self._tasks:
@@ -161,28 +157,36 @@ class MCPEnv(Env):
         except SessionLost as error:
             raise EnvDefinitionError(f"{self.name}: {error}") from None
         try:
-            listed = session.request(_all_tools)
+            listed = session.list_tools()
         except SessionLost as error:
             raise EnvDefinitionError(f"{self.name}: listing its tools failed: {error}") from None
         finally:
             session.close()
+        if len(listed) > self.max_tools:
+            raise EnvDefinitionError(f"{self.name} lists more than {self.max_tools} tools: every tool is in every "
+                                     "prompt; offer fewer, or raise env.options.max_tools")
         docs, validators = [], {}
         for tool in listed:
-            schema = dict(tool.input_schema or {"type": "object"})
+            name, schema = tool["name"], tool["input_schema"]
+            if not isinstance(name, str) or not name:
+                raise EnvDefinitionError(f"{self.name}: a tool without a name")
             try:
                 validator = jsonschema.validators.validator_for(schema)
                 validator.check_schema(schema)
             except jsonschema.SchemaError as error:
-                raise EnvDefinitionError(f"{self.name}: tool {tool.name!r} has an invalid input schema: "
+                raise EnvDefinitionError(f"{self.name}: tool {name!r} has an invalid input schema: "
                                          f"{error.message[:200]}") from None
-            if tool.name == self.reward_tool:
+            except (jsonschema.exceptions.RefResolutionError, RecursionError, TypeError, ValueError) as error:
+                raise EnvDefinitionError(f"{self.name}: tool {name!r}: its input schema cannot be checked "
+                                         f"({type(error).__name__})") from None
+            if name == self.reward_tool:
                 continue
-            docs.append(_tool_doc(tool.name, tool.description or tool.title or tool.name, schema))
+            docs.append(_tool_doc(name, tool["description"] or tool["title"] or name, schema))
             # An argument the schema does not name is the agent's invention (the SDK's servers would drop it in
             # silence): refused, unless the schema itself allows more.
             strict = {**schema, "additionalProperties": False} if "additionalProperties" not in schema else schema
-            validators[tool.name] = validator(strict)
-        if self.reward_tool and self.reward_tool not in {tool.name for tool in listed}:
+            validators[name] = validator(strict)
+        if self.reward_tool and self.reward_tool not in {tool["name"] for tool in listed}:
             raise EnvDefinitionError(f"env.options.reward_tool: {self.name} has no tool {self.reward_tool!r}")
         if not docs:
             raise EnvDefinitionError(f"{self.name} lists no tool to offer the agent")
@@ -223,36 +227,19 @@ class MCPEnv(Env):
 
         return unfillable_arguments(self.docs)
 
-    def open(self, reset: Mapping[str, Any]) -> Session:
-        """A session on a server for `reset` (raises `SessionLost` with why when it cannot start)."""
-        return Session(self.source.connect(reset), self.slots, self.call_timeout_s)
+    def open(self, reset: Mapping[str, Any]) -> "Session | WorkerSession":
+        """A session on a server for `reset` (raises `SessionLost` with why when it cannot start): in the env's
+        worker process when isolated, else in this one."""
+        if self.worker is not None:
+            return WorkerSession(self.worker, self.source.label, reset, self.call_timeout_s, self.slots.limit,
+                                 self.start_timeout_s)
+        started = time.monotonic()
+        return Session(self.source.connect(reset, self.start_timeout_s), self.slots, self.call_timeout_s,
+                       self.start_timeout_s, started_at=started)
 
-    def run_call(self, session: Session, call: ToolCall) -> tuple[str, str | None]:
+    def run_call(self, session: "Session | WorkerSession", call: ToolCall) -> tuple[str, str | None]:
         """(observation, error) of a checked call; raises `SessionLost` when the server is gone."""
-        from mcp import MCPError
-        from mcp_types import CONNECTION_CLOSED
-
-        async def send(client: Any) -> Any:
-            return await client.call_tool(call.name, dict(call.arguments))
-
-        try:
-            result = session.request(send)
-        except MCPError as error:  # the server refused the request (the agent's call, answered), or is gone
-            if error.code == CONNECTION_CLOSED:
-                session.lose(f"the MCP server closed the connection during {call.name} (it exited or crashed)")
-                raise SessionLost(session.lost) from None
-            reason = f"{call.name}: {str(error)[:300]}"
-            return f"Error: {reason}", reason
-        except SessionLost:
-            raise
-        except Exception as error:  # noqa: BLE001 - a broken transport or a malformed answer: the server's failure
-            session.lose(f"the MCP session broke on {call.name}: {describe(error)}")
-            raise SessionLost(session.lost) from None
-        text = result_text(result, self.max_result_chars)
-        if result.is_error:
-            reason = f"{call.name}: {text[:300]}"
-            return f"Error: {text}", reason
-        return text, None
+        return session.call(call.name, call.arguments, self.max_result_chars)
 
     def probes(self, task: Task) -> tuple[str, ...]:
         return self.state_calls + tuple(call for call in task.meta.get("checks", ()) if call not in self.state_calls)
@@ -328,6 +315,11 @@ class MCPEnv(Env):
 
     def reset(self, task: Task) -> "MCPEpisode":
         return MCPEpisode(self, task)
+
+    def close(self) -> None:
+        """Ends the worker process and every session in it (a later request starts a fresh one)."""
+        if self.worker is not None:
+            self.worker.close()
 
 
 class MCPEpisode(ToolEpisode):

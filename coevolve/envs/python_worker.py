@@ -67,7 +67,13 @@ def _serve(connection: Any, cls: type, make_instance: Callable[..., Any]) -> Non
         except (EOFError, OSError):
             return  # the parent went away
         if operation == "drop":
-            instances.pop(key, None)
+            dropped = instances.pop(key, None)
+            close = getattr(dropped, "close", None)
+            if callable(close):  # an MCP session: its server ends with it
+                try:
+                    close()
+                except Exception:  # noqa: BLE001 - closing a broken session is no failure of the next request
+                    pass
             continue  # no reply: drops are sent ahead of the next request
         try:
             if operation == "new":
@@ -92,11 +98,12 @@ def _serve(connection: Any, cls: type, make_instance: Callable[..., Any]) -> Non
 class ToolWorker:
     """One child process holding the instances of one class; `ask` sends a request and waits for its answer."""
 
-    def __init__(self, cls: type, make_instance: Callable[..., Any], call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S
-                 ) -> None:
+    def __init__(self, cls: type, make_instance: Callable[..., Any], call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+                 label: str = "tools' worker") -> None:
         if not call_timeout_s > 0:
             raise ValueError(f"call_timeout_s must be > 0, got {call_timeout_s!r}")
         self.cls, self.make_instance, self.call_timeout_s = cls, make_instance, call_timeout_s
+        self.label = label
         self.generation = 0
         """Counts the workers lost: an instance made before the last loss is gone."""
         self._keys = itertools.count()
@@ -112,11 +119,13 @@ class ToolWorker:
         if generation == self.generation:
             self._drops.append(key)
 
-    def ask(self, operation: str, key: int, payload: Any = None, generation: int | None = None) -> Any:
-        """The answer to one request, within `call_timeout_s`; raises WorkerLost (and restarts the worker) when
-        none comes, and ClassRaised when the class raised."""
+    def ask(self, operation: str, key: int, payload: Any = None, generation: int | None = None,
+            timeout: float | None = None) -> Any:
+        """The answer to one request, within `timeout` (`call_timeout_s` unless given); raises WorkerLost (and
+        restarts the worker) when none comes, and ClassRaised when the class raised."""
         if generation is not None and generation != self.generation:
-            raise WorkerLost("this episode's instance was lost when the tools' worker restarted")
+            raise WorkerLost(f"this episode's instance was lost when the {self.label} restarted")
+        limit = self.call_timeout_s if timeout is None else timeout
         self._ensure_started()
         try:
             for dropped in self._drops:
@@ -125,9 +134,9 @@ class ToolWorker:
             self._connection.send((operation, key, payload))
         except (OSError, ValueError) as error:  # the worker died since the last answer
             self._restart()
-            raise WorkerLost(f"the tools' worker had died ({error}); a fresh one was started") from None
-        if not self._connection.poll(self.call_timeout_s):
-            reason = (f"no answer within {self.call_timeout_s:g} s (a tool that sleeps or loops?); the tools' worker "
+            raise WorkerLost(f"the {self.label} had died ({error}); a fresh one was started") from None
+        if not self._connection.poll(limit):
+            reason = (f"no answer within {limit:g} s (a tool that sleeps or loops?); the {self.label} "
                       "was restarted" if self._process.poll() is None else self._death())
             self._restart()
             raise WorkerLost(reason)
@@ -146,7 +155,7 @@ class ToolWorker:
             code = self._process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             code = None
-        return (f"the tools' worker process ended (exit code {code}: a tool called os._exit, or "
+        return (f"the {self.label} process ended (exit code {code}: a tool called sys.exit or os._exit, or "
                 "crashed); a fresh one was started")
 
     def _ensure_started(self) -> None:
@@ -159,7 +168,9 @@ class ToolWorker:
         spec = json.dumps({"path": sys.path, "cls": _name_of(self.cls), "factory": _name_of(self.make_instance),
                            "fds": [to_child, from_child]})
         stderr = sys.__stderr__.fileno() if sys.__stderr__ is not None else subprocess.DEVNULL
-        self._process = subprocess.Popen([sys.executable, "-m", "coevolve.envs.python_worker", spec],
+        # -P: the working directory never leads sys.path, so a `pickle.py` or `json.py` lying there is never what
+        # the worker imports; the caller's path follows the standard library's (`_main`).
+        self._process = subprocess.Popen([sys.executable, "-P", "-m", "coevolve.envs.python_worker", spec],
                                          pass_fds=(to_child, from_child), stdin=subprocess.DEVNULL, stdout=stderr,
                                          close_fds=True)
         os.close(to_child)
@@ -167,12 +178,16 @@ class ToolWorker:
         self._connection = _Pipe(Connection(to_parent, writable=False), Connection(from_parent, readable=False))
         if not self._connection.poll(START_TIMEOUT_S):
             self.close()
-            raise WorkerLost(f"the tools' worker did not start within {START_TIMEOUT_S:g} s")
+            raise WorkerLost(f"the {self.label} did not start within {START_TIMEOUT_S:g} s")
         try:
             self._connection.recv()
         except (EOFError, OSError):
             self.close()
-            raise WorkerLost("the tools' worker could not import the class (it exited at start)") from None
+            raise WorkerLost(f"the {self.label} could not import its code (it exited at start)") from None
+
+    def restart(self) -> None:
+        """Give up the worker and every instance in it (a fresh one starts at the next request)."""
+        self._restart()
 
     def _restart(self) -> None:
         """The worker is lost with every instance in it: later requests for them say so (`generation`)."""
@@ -306,7 +321,9 @@ def _main(spec_text: str) -> None:
     """The worker's entry: `python -m coevolve.envs.python_worker SPEC` (SPEC: JSON with the parent's sys.path,
     the class and the instance factory by name, and the two pipe ends)."""
     spec = json.loads(spec_text)
-    sys.path[:] = spec["path"]
+    # The standard library and the installed packages first (what -P started with), then the caller's entries:
+    # a module lying beside the user's code (a planted `pickle.py`) never shadows the real one.
+    sys.path[:] = [*sys.path, *(entry for entry in spec["path"] if entry not in sys.path)]
     reading, writing = spec["fds"]
     connection = _Pipe(Connection(reading, writable=False), Connection(writing, readable=False))
     try:
