@@ -90,7 +90,7 @@ class ScriptedReplies:
         if len(prompts) != 1:
             raise ValueError("ScriptedReplies plays one episode at a time")
         text = self.replies.pop(0) if self.replies else DONE_MESSAGE  # past the script: end the turn
-        ids = self.renderer.encode(text) + [self.end]
+        ids = self.renderer.encode(self.renderer.guard(text)) + [self.end]  # a task's text is plain text
         budget = min(sampling.max_new_tokens, *(budgets or [sampling.max_new_tokens]))
         if len(ids) > budget:  # what the engine does to a sampled reply that long
             cut = ids[:budget]

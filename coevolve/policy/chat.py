@@ -18,6 +18,12 @@ Rendering rules
   the way BFCL's own function-calling handlers do.
 - Tools released in the middle of an episode (BFCL miss_func) are announced in the user message of the turn that
   releases them: re-rendering the system prompt would rewrite the prefix the model already conditioned on.
+- Untrusted text is plain text. A tool's result, a task's query, a synthesized task, a tool's description: none
+  of it may become a template token. Tokenizing the rendered prompt would parse `<|im_end|><|im_start|>system`
+  in a tool result as real control tokens (a forged turn), so every string that goes into the template is
+  guarded first: each added token's text in it (`<|im_start|>`, `</tool_response>`, ...) becomes a private-use
+  marker, and `encode` turns a marker into that text's plain-text tokens. Control tokens in the stream come from
+  the template alone; with no such text in the input the tokens are exactly as before.
 """
 
 from __future__ import annotations
@@ -68,6 +74,10 @@ CODE_SYSTEM = (
 """The `code` reply format's prompt (AppWorld's and CodeAct's way of acting: one code block per action)."""
 
 NEW_TOOLS_NOTE = "\n\n(New functions are now available: {tools})"
+
+MARKER_BASE = 0x100000
+"""Plane 16's private-use characters mark guarded control-token text (`ChatRenderer.guard`)."""
+_MARKERS = re.compile("([\U00100000-\U0010FFFD])")
 
 
 class TemplateError(ValueError):
@@ -176,6 +186,7 @@ class ChatRenderer:
     `enable_thinking=False`: an empty think block in the prompt, not written by the model)."""
     _template_tools: bool | None = field(default=None, repr=False)
     _suffix: str | None = field(default=None, repr=False)
+    _controls: tuple[Any, list[str]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.reply_format not in ("hermes", "python", "code"):
@@ -270,9 +281,42 @@ class ChatRenderer:
         return [{"role": "tool", "name": name, "content": observation} for name, observation in observations]
 
     # -- tokens ---------------------------------------------------------------------------------------------
+    def _control_texts(self) -> tuple[Any, list[str]]:
+        """(a pattern matching any added token's text, those texts by marker index), longest first."""
+        if self._controls is None:
+            decoder = getattr(self.tokenizer, "added_tokens_decoder", None) or {}
+            texts = sorted({str(getattr(token, "content", token)) for token in decoder.values()} - {""},
+                           key=lambda text: (-len(text), text))
+            pattern = re.compile("|".join(re.escape(text) for text in texts)) if texts else None
+            self._controls = (pattern, texts)
+        return self._controls
+
+    def guard(self, value: Any) -> Any:
+        """`value` (a string, or messages and tools holding strings) with every control-token text in it
+        replaced by its marker, so that only the template itself writes control tokens (see the module notes)."""
+        if isinstance(value, str):
+            pattern, texts = self._control_texts()
+            value = _MARKERS.sub("\ufffd", value)  # a marker character in the input itself means nothing
+            if pattern is None:
+                return value
+            index = {text: position for position, text in enumerate(texts)}
+            return pattern.sub(lambda match: chr(MARKER_BASE + index[match.group(0)]), value)
+        if isinstance(value, Mapping):
+            return {key: self.guard(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.guard(item) for item in value]
+        return value
+
+    def render(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None = None,
+               add_generation_prompt: bool = True) -> str:
+        """The template applied to guarded messages and tools (what `encode` takes)."""
+        return self._apply(messages, tools, add_generation_prompt)
+
     def _apply(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None,
                add_generation_prompt: bool) -> str:
         extra = {"enable_thinking": False} if self.reasoning == "off" else {}
+        if self.tokenizer is not None:
+            messages, tools = self.guard(list(messages)), self.guard(tools) if tools else None
         return self.tokenizer.apply_chat_template(list(messages), tools=tools or None, tokenize=False,
                                                   add_generation_prompt=add_generation_prompt, **extra)
 
@@ -280,7 +324,30 @@ class ChatRenderer:
         return to_openai_tools(docs) if self.tools_in_template and docs else None
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        """Token ids of rendered text: the template's control tokens as tokens, guarded text (markers) as the
+        plain text it stands for."""
+        if not _MARKERS.search(text):
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        texts = self._control_texts()[1]
+        ids: list[int] = []
+        for position, piece in enumerate(_MARKERS.split(text)):
+            if position % 2:
+                index = ord(piece) - MARKER_BASE
+                ids += self.plain_ids(texts[index]) if index < len(texts) else self.plain_ids("\ufffd")
+            elif piece:
+                ids += self.tokenizer(piece, add_special_tokens=False)["input_ids"]
+        return ids
+
+    def plain_ids(self, text: str) -> list[int]:
+        """`text` as plain-text tokens: no added token (special or not) among them, whatever the text holds."""
+        ids = list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+        added = set(getattr(self.tokenizer, "added_tokens_decoder", None) or {})
+        if not added.intersection(ids):
+            return ids
+        # A non-special added token (Qwen's `</tool_response>`) is matched even so: one character at a time.
+        return [token for character in text
+                for token in self.tokenizer(character, add_special_tokens=False,
+                                            split_special_tokens=True)["input_ids"]]
 
     def render_prompt(self, messages: Sequence[Mapping[str, str]], docs: Sequence[Mapping[str, Any]] = ()) -> str:
         return self._apply(messages, self._template_tools_arg(docs), add_generation_prompt=True)

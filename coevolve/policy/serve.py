@@ -168,8 +168,8 @@ class ChatServer:
         messages, tools = body["messages"], body.get("tools") or []
         try:
             rendered, template_tools = self.template_messages(messages, tools)
-            prompt = self.renderer.tokenizer.apply_chat_template(rendered, tools=template_tools, tokenize=False,
-                                                                 add_generation_prompt=True)
+            # Guarded: a client's message or tool result that holds `<|im_start|>` stays plain text.
+            prompt = self.renderer.render(rendered, template_tools)
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             return 400, _error(f"bad request: {error}")
         if len(prompt) > self.context_tokens * MAX_CHARS_PER_TOKEN:
