@@ -71,15 +71,18 @@ def run_pool(args: argparse.Namespace) -> int:
 
 
 def export_refusal(export: str, pool_file: Path) -> str | None:
-    """Why `--export FILE` must not be written, or None: the export never replaces a file of the run it reads (its
-    pool, the pool's WAL files, its logs): a run directory's existing files are the run's record."""
-    target, run_dir = Path(export).resolve(), pool_file.parent.resolve()
-    if target in {Path(f"{pool_file.resolve()}{suffix}") for suffix in ("", "-wal", "-shm", "-journal")}:
-        return f"--export {export} is the run's own pool; name another file"
-    if target.parent == run_dir and target.exists():
-        return f"--export {export} would replace the run's own {target.name}; name a new file"
+    """Why `--export FILE` must not be written, or None. An export never writes inside a run directory, neither
+    the one it reads nor any other (a folder holding a pool, at any depth above the file): a run directory's
+    files, its checkpoints' and its final model's are what `eval`, `--resume` and `report` read, and an export
+    over `final/config.json` or a checkpoint's config broke them."""
+    target = Path(export).resolve()
     if target.is_dir():
         return f"--export {export} is a directory; name a file"
+    run_dir = pool_file.parent.resolve()
+    for folder in target.parents:
+        if folder == run_dir or (folder / POOL_FILENAME).exists():
+            return (f"--export {export} is inside the run directory {folder}: an export never writes where a run "
+                    "keeps its record, checkpoints and model; name a file outside it")
     return None
 
 

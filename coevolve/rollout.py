@@ -17,7 +17,9 @@ Limits (all recorded as truncation, with a reason, in `Trajectory.reasons`):
 - `max_new_tokens` per reply (the reply is cut, its partial calls still go to the env and usually fail);
 - `max_replies_per_turn` replies with calls in one turn: the turn is closed as if the model had ended it;
 - `max_turns`: user turns played (None = all of the task's); an unfinished task scores 0 (BFCL's force-quit);
-- `max_episode_tokens`: completion tokens (model + env) per episode.
+- `max_episode_tokens`: completion tokens (model + env) per episode;
+- the model's context (a token backend's `context_tokens`): an episode whose context reaches it ends there, and a
+  prompt longer than it is refused before any generation (score 0, the reason in the record).
 Chat backends (OpenAI-compatible HTTP) run the same loop on messages; their trajectories carry no token record,
 and when calls were parsed from text (not native tool calls) the results come back as a user message, since
 hosted APIs accept `tool` messages only as answers to native tool calls.
@@ -247,8 +249,14 @@ def _generation_loop(runs: Sequence[_Run], backend: TokenBackend | ChatBackend, 
     """One batched generation call per step over the still-active episodes; returns (calls, generated tokens)."""
     stop_ids = renderer.stop_token_ids() if tokens else []
     base_sampling = replace(config.sampling, max_new_tokens=config.max_new_tokens)
+    context_tokens = getattr(backend, "context_tokens", None) if tokens else None
     calls = generated = 0
     while True:
+        if context_tokens:  # a context the model cannot hold is refused here, never run (a 617,933-token prompt was)
+            for run in runs:
+                if not run.finished and len(run.context()) >= context_tokens:
+                    run.finish(f"the context is {len(run.context())} tokens, the model's is {context_tokens}: "
+                               "refused before generation")
         active = [run for run in runs if not run.finished]
         if progress is not None:
             progress(len(runs) - len(active), len(runs))
@@ -260,7 +268,8 @@ def _generation_loop(runs: Sequence[_Run], backend: TokenBackend | ChatBackend, 
             if base_sampling.seed is not None:  # a fresh, reproducible stream for every step
                 sampling = replace(base_sampling, seed=base_sampling.seed + calls)
             # Each reply may use what is left of its episode's token budget, up to max_new_tokens.
-            budgets = [min(config.max_new_tokens, config.max_episode_tokens - len(run.completion_ids)) for run in active]
+            budgets = [min(config.max_new_tokens, config.max_episode_tokens - len(run.completion_ids),
+                           (context_tokens or 1 << 62) - len(run.context())) for run in active]
             generations = backend.generate([run.context() for run in active], sampling, stop_ids, budgets)
             for run, generation in zip(active, generations):
                 generated += len(generation.token_ids)

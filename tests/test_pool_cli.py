@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
@@ -28,10 +29,11 @@ def run_dir(tmp_path):
     seeds = [make_task("multi_turn_base_0", "ls()"), make_task("multi_turn_base_1", "pwd()")]
     child = make_task("[bold red]not markup[/]", "cd(folder='x')",
                       Provenance("synthetic", seeds[0].id, "forgetting", "episode-7", 0, "accepted"))
-    with TaskPool(tmp_path / "pool.sqlite") as pool:
+    (tmp_path / "run").mkdir()
+    with TaskPool(tmp_path / "run" / "pool.sqlite") as pool:
         pool.add_tasks(seeds, 0)
         pool.add_tasks([child], 1)
-    return tmp_path, seeds, child
+    return tmp_path / "run", seeds, child
 
 
 def test_table_lists_the_latest_pool_with_provenance(run_dir, capsys):
@@ -116,27 +118,65 @@ def test_an_exported_pool_is_a_task_file_eval_reads(tmp_path, capsys):
     from coevolve.pool import TaskPool
 
     tasks = make_env("bfcl-lite", split="test").tasks()[:6]
-    with TaskPool(tmp_path / "pool.sqlite") as pool:
+    (tmp_path / "run").mkdir()
+    with TaskPool(tmp_path / "run" / "pool.sqlite") as pool:
         pool.add_tasks(tasks, 0)
-    assert main(["pool", str(tmp_path), "--export", str(tmp_path / "d0.jsonl"), "--json"]) == 0
+    exported = tmp_path / "d0.jsonl"
+    assert main(["pool", str(tmp_path / "run"), "--export", str(exported), "--json"]) == 0
     capsys.readouterr()
-    assert main(["eval", "--env", "bfcl-lite", "--tasks", str(tmp_path / "d0.jsonl"), "--policy", "oracle",
-                 "--json"]) == 0
+    assert main(["eval", "--env", "bfcl-lite", "--tasks", str(exported), "--policy", "oracle", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["n"] == 6 and report["accuracy"] == 1.0 and set(report["per_task"]) == {t.name for t in tasks}
-    assert main(["eval", "--env", "bfcl", "--tasks", str(tmp_path / "d0.jsonl"), "--policy", "oracle"]) == 2
+    assert main(["eval", "--env", "bfcl", "--tasks", str(exported), "--policy", "oracle"]) == 2
     assert "a task of env 'bfcl-lite', not 'bfcl'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("target", ["pool.sqlite", "pool.sqlite-wal", "metrics.jsonl", "."])
-def test_an_export_never_replaces_a_file_of_the_run(run_dir, capsys, target):
+@pytest.mark.parametrize("target", ["pool.sqlite", "pool.sqlite-wal", "metrics.jsonl", ".", "d1.jsonl",
+                                    "final/config.json", "checkpoints/checkpoint-8/coevolve-config.yaml",
+                                    "final/new/deep.jsonl", "../other-run/final/config.json"])
+def test_an_export_never_writes_inside_a_run_directory(run_dir, capsys, target):
+    """Not the run's own files, not a new file beside them, not its model or checkpoints, not another run's."""
     directory, seeds, _ = run_dir
     (directory / "metrics.jsonl").write_text('{"iteration": 0}\n')
-    before = {path.name: path.read_bytes() for path in directory.iterdir() if path.is_file()}
+    for folder in ("final", "checkpoints/checkpoint-8", "../other-run/final"):
+        (directory / folder).mkdir(parents=True, exist_ok=True)
+    (directory / "final" / "config.json").write_text('{"model_type": "llama"}')
+    (directory / "checkpoints" / "checkpoint-8" / "coevolve-config.yaml").write_text("run: {}\n")
+    (directory / ".." / "other-run" / "pool.sqlite").write_bytes(b"")
+    (directory / ".." / "other-run" / "final" / "config.json").write_text('{"model_type": "llama"}')
+    before = {path: path.read_bytes() for path in directory.parent.rglob("*") if path.is_file()}
     assert run_pool(parse(str(directory), "--export", str(directory / target))) == 2
     error = capsys.readouterr().err.strip()
     assert error.startswith("coevolve pool: --export") and len(error.splitlines()) == 1
-    assert {path.name: path.read_bytes() for path in directory.iterdir() if path.is_file()} == before
+    assert {path: path.read_bytes() for path in directory.parent.rglob("*") if path.is_file()} == before
     with TaskPool(directory / "pool.sqlite", create=False) as pool:  # the pool still opens, whole
         assert {task.id for task in pool.tasks_at(0)} == {task.id for task in seeds}
-    assert run_pool(parse(str(directory), "--export", str(directory / "d1.jsonl"))) == 0  # a new file is fine
+    outside = directory.parent / "exports" / "d1.jsonl"
+    outside.parent.mkdir(exist_ok=True)
+    assert run_pool(parse(str(directory), "--export", str(outside))) == 0  # outside every run: written
+    assert outside.read_text().count("\n") == len(seeds) + 1
+
+
+def test_a_pool_exported_from_an_mcp_run_is_a_task_file_its_env_reads(tmp_path, capsys):
+    """The help says the export round-trips: for env mcp (and python) too, whose task files are the user's."""
+    import sys as _sys
+
+    from coevolve.cli import main
+    from coevolve.envs.mcp_env import MCPEnv
+    from coevolve.pool import TaskPool
+
+    repo = Path(__file__).resolve().parent.parent
+    _sys.path.insert(0, str(repo))
+    board = "examples.board.server:make_server"
+    tasks = MCPEnv(server=board, tasks=str(repo / "examples" / "board" / "tasks.jsonl")).tasks()[:3]
+    (tmp_path / "run").mkdir()
+    with TaskPool(tmp_path / "run" / "pool.sqlite") as pool:
+        pool.add_tasks(tasks, 0)
+    exported = tmp_path / "d0.jsonl"
+    assert main(["pool", str(tmp_path / "run"), "--export", str(exported)]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--env", f"mcp:{board}", "--tasks", str(exported), "--policy", "oracle", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["n"] == 3 and report["accuracy"] == 1.0
+    assert main(["eval", "--env", "mcp:examples.board.server:make_other", "--tasks", str(exported),
+                 "--policy", "oracle"]) == 2

@@ -198,3 +198,20 @@ def test_tiny_model_rollout_logprobs_are_the_models(tokenizer, tiny_model):
         assert mask.any()
         assert torch.allclose(sampled[mask], recomputed[mask], atol=1e-4)
         assert (sampled[~mask] == 0).all()
+
+
+def test_a_prompt_longer_than_the_models_context_is_refused_before_generation(tokenizer, scripted):
+    env = make_env("bfcl-lite", split="train")
+    task = env.tasks()[0]
+    backend = scripted(tokenizer, lambda context: "Done.")
+    backend.context_tokens = 64  # far below the opening prompt
+    batch = rollout(env, [task], backend, ChatRenderer(tokenizer, "python"), RolloutConfig(group_size=2))
+    assert backend.calls == []  # the model never ran
+    for trajectory in batch.trajectories:
+        assert trajectory.score == 0.0 and trajectory.truncated
+        assert any("refused before generation" in reason and "the model's is 64" in reason
+                   for reason in trajectory.reasons)
+    roomy = scripted(tokenizer, lambda context: "Done.")
+    roomy.context_tokens = len(batch.trajectories[0].prompt_ids) + 3  # room for 3 tokens: the reply is cut there
+    [cut] = rollout(env, [task], roomy, ChatRenderer(tokenizer, "python"), RolloutConfig(group_size=1)).trajectories
+    assert len(cut.completion_ids) <= 3

@@ -79,6 +79,13 @@ def load_task_file(path: str | Path, env_name: str, no_reward: str | None, check
         where = f"{path}:{number}"
         if not isinstance(row, dict):
             raise EnvDefinitionError(f"{where}: expected a JSON object")
+        if "env" in row and "initial_state" in row:  # a task record, as `coevolve pool --export` writes one
+            task = _task_record(row, where, env_name, checks)
+            if task.id in first_line:
+                raise EnvDefinitionError(f"{where}: the same task as line {first_line[task.id]}; drop one")
+            first_line[task.id] = number
+            tasks.append(task)
+            continue
         if ("query" in row) == ("turns" in row):
             raise EnvDefinitionError(f"{where}: give `query` (one message) or `turns` (a list of turns), not both/none")
         turns = [[row["query"]]] if "query" in row else row["turns"]
@@ -120,6 +127,34 @@ def load_task_file(path: str | Path, env_name: str, no_reward: str | None, check
         first_line[task.id] = number
         tasks.append(task)
     return tasks
+
+
+def _task_record(row: dict, where: str, env_name: str, checks: bool) -> Task:
+    """A task record (`Task.to_dict`, what a run's pool exports) checked for this env: the same env, user turns of
+    text, a ground truth of call strings, probe calls only where the env takes them."""
+    try:
+        task = Task.from_dict(row)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise EnvDefinitionError(f"{where}: not a task record ({type(error).__name__}: {error})") from None
+    if task.env != env_name:
+        raise EnvDefinitionError(f"{where}: a task of env {task.env!r}, not {env_name!r}")
+    if not task.turns or not all(isinstance(turn, (list, tuple)) and all(
+            isinstance(message, dict) and message.get("role") == "user" and isinstance(message.get("content"), str)
+            for message in turn) for turn in task.turns):
+        raise EnvDefinitionError(f"{where}: a task record's turns must be lists of user messages")
+    if len(task.ground_truth) != len(task.turns) or not all(
+            isinstance(call, str) for turn in task.ground_truth for call in turn):
+        raise EnvDefinitionError(f"{where}: `ground_truth` must be a list per turn ({len(task.turns)}) of call "
+                                 "strings")
+    if not isinstance(task.initial_state, dict):
+        raise EnvDefinitionError(f"{where}: `initial_state` must be an object of keyword arguments")
+    probes = task.meta.get("checks")
+    if probes is not None and (not checks or not isinstance(probes, list)
+                               or not all(isinstance(call, str) for call in probes)):
+        raise EnvDefinitionError(f"{where}: `checks` must be a list of call strings, and only env mcp takes them")
+    if task.meta.get("split", "train") not in ("train", "test"):
+        raise EnvDefinitionError(f"{where}: split must be train or test, got {task.meta.get('split')!r}")
+    return task
 
 
 def truth_problem(env: Any, task: Task, cause_if_differs: str) -> str | None:

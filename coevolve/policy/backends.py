@@ -91,6 +91,8 @@ class VLLMBackend:
         from vllm import LLM
 
         self.tokenizer = tokenizer
+        self.context_tokens = max_model_len
+        """The engine's context, when set: the rollout refuses a longer prompt before generation."""
         # `engine`: an existing `vllm.LLM`, e.g. the one TRL colocates with training and keeps in sync with its weights.
         self.engine = engine or LLM(model=model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
                                     enable_prefix_caching=True, max_model_len=max_model_len,

@@ -178,6 +178,11 @@ class TransformersBackend:
     def device(self) -> Any:
         return next(self.model.parameters()).device
 
+    @property
+    def context_tokens(self) -> int | None:
+        """The model's context (`max_position_embeddings`): the rollout refuses a longer prompt before generation."""
+        return int(getattr(getattr(self.model, "config", None), "max_position_embeddings", 0) or 0) or None
+
     def _forward(self, input_ids: Any, cache: Any, attention_mask: Any = None, position_ids: Any = None) -> Any:
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          use_cache=True, logits_to_keep=1, **{self.cache_keyword: cache})
