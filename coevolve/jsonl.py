@@ -24,10 +24,18 @@ def atomic_write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, prefix=f".{path.name}.",
                                      suffix=".tmp") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(handle.name, path)
+        try:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        except BaseException:
+            os.unlink(handle.name)  # nothing half-written is left behind
+            raise
+    try:
+        os.replace(handle.name, path)
+    except BaseException:  # e.g. `path` is a folder: the temporary file goes, the error stays the caller's
+        os.unlink(handle.name)
+        raise
 
 
 def jsonl_rows(path: Any, strict: bool = True,
@@ -41,8 +49,9 @@ def jsonl_rows(path: Any, strict: bool = True,
             continue
         try:
             value = json.loads(line)
-        except (json.JSONDecodeError, RecursionError) as error:  # a line nested past the parser's depth: bad too
-            why = f"not valid JSON ({error.msg})" if isinstance(error, json.JSONDecodeError) else "nested too deep"
+        except (ValueError, RecursionError) as error:  # nested past the parser's depth, a 5,000-digit number: bad too
+            why = (f"not valid JSON ({error.msg})" if isinstance(error, json.JSONDecodeError) else "nested too deep"
+                   if isinstance(error, RecursionError) else "a number past Python's digit limit")
             if strict:
                 raise ValueError(f"{path}:{number}: {why}") from None
             if on_bad is not None:

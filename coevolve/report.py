@@ -38,7 +38,7 @@ def _frame(title: str, x_labels: Sequence[Any], top: float, body: str, legend: S
         f"{top * f:.3g}</text>" for f in (0, 0.5, 1))
     step = (WIDTH - 2 * PAD) / max(1, len(x_labels))
     labels = "".join(f'<text x="{PAD + step * (i + 0.5):.1f}" y="{HEIGHT - PAD + 14}" text-anchor="middle" '
-                     f'font-size="10">{html.escape(str(label))}</text>' for i, label in enumerate(x_labels))
+                     f'font-size="10">{html.escape(shown(label))}</text>' for i, label in enumerate(x_labels))
     keys = "".join(f'<tspan fill="{colour}">&#9632; {html.escape(name)}</tspan> ' for name, colour in legend)
     return (f'<figure class="plot" data-kind="{kind}"><figcaption>{html.escape(title)}</figcaption>'
             f'<svg width="{WIDTH}" height="{HEIGHT}" role="img" aria-label="{html.escape(title)}">'
@@ -86,8 +86,16 @@ def stacked_bars(title: str, x_labels: Sequence[Any], series: Mapping[str, Seque
     return _frame(title, x_labels, top, body, legend, "bars")
 
 
+def shown(value: Any) -> str:
+    """`str(value)`, safe for anything a run file may hold (a 5,000-digit integer cannot be `str`-ed)."""
+    try:
+        return str(value)
+    except ValueError:
+        return f"({type(value).__name__} too large to show)"
+
+
 def _cell(value: Any) -> str:
-    return f"<td>{html.escape('' if value is None else str(value))}</td>"
+    return f"<td>{html.escape('' if value is None else shown(value))}</td>"
 
 
 def lineage_table(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -102,7 +110,7 @@ def lineage_table(rows: Sequence[Mapping[str, Any]]) -> str:
         status = "accepted" if row.get("accepted") else "rejected"
         texts = [_cell(cell) for cell in cells]
         if row.get("parent_task_id"):  # to the parent's rollouts, further down
-            parent = html.escape(str(row["parent_task_id"]))
+            parent = html.escape(shown(row["parent_task_id"]))
             texts[2] = f'<td><a href="#task-{parent}">{parent}</a></td>'
         lines.append(f'<tr class="{status}">' + "".join(texts) + "</tr>")
     return ('<label><input type="checkbox" id="only-accepted"> accepted only</label>'
@@ -138,9 +146,24 @@ pre { background: #f6f6f6; padding: 8px; font-size: 12px; max-height: 320px; ove
 NUMBER = (int, float)
 METRIC_FIELDS: dict[str, tuple[type, ...]] = {
     "train_success": (*NUMBER, type(None)), "heldout_success": (*NUMBER, type(None)), "feedback_share": NUMBER,
-    "signals": (dict,), "pool": (dict,), "failures": (dict,), "seconds": (dict,), "synthesis": (dict,),
-    "heldout_by_calls": (dict,), "heldout_by_tools": (dict,), "patterns": (dict,)}
+    "guided": NUMBER, "signals": (dict,), "pool": (dict,), "failures": (dict,), "seconds": (dict,),
+    "synthesis": (dict,), "heldout_by_calls": (dict,), "heldout_by_tools": (dict,), "patterns": (dict,),
+    "new_tool_tasks": (dict,)}
 """What the plots read from a metrics line; a field of another type is left out with a warning."""
+MAX_NUMBER = 1e15
+"""A plotted number larger than this is no figure of a run (a 5,000-digit integer): left out with a warning."""
+MAX_ROLLOUT_BYTES = 1 << 30
+"""What the report reads of all the rollout logs together (each file is bounded by MAX_RUN_FILE_BYTES too)."""
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float (not a bool) of a plottable size."""
+    if isinstance(value, bool) or not isinstance(value, NUMBER):
+        return False
+    try:
+        return abs(float(value)) <= MAX_NUMBER
+    except OverflowError:
+        return False
 LIST_FIELDS = ("trajectory_ids", "solution", "reasons")
 
 
@@ -188,17 +211,18 @@ def _records(path: Path, warnings: list[str]) -> list[tuple[int, dict[str, Any]]
 def checked_metrics(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
     metrics = []
     for number, row in _records(path, warnings):
-        if not isinstance(row.get("iteration"), int) or isinstance(row.get("iteration"), bool):
+        if not isinstance(row.get("iteration"), int) or not is_number(row.get("iteration")):
             warnings.append(f"{path.name}:{number}: no integer iteration; line left out")
             continue
         for field, kinds in METRIC_FIELDS.items():
             value = row.get(field)
-            if field in row and (not isinstance(value, kinds) or isinstance(value, bool)):
+            if field in row and (not isinstance(value, kinds) or isinstance(value, bool)
+                                 or (isinstance(value, NUMBER) and not is_number(value))):
                 warnings.append(f"{path.name}:{number}: {field} is {type(value).__name__}, not "
                                 f"{'/'.join(kind.__name__ for kind in kinds)}; left out")
                 del row[field]
             elif isinstance(value, dict) and field not in ("synthesis", "patterns"):
-                bad = [key for key, item in value.items() if not isinstance(item, NUMBER) or isinstance(item, bool)]
+                bad = [key for key, item in value.items() if not is_number(item)]
                 if bad:
                     warnings.append(f"{path.name}:{number}: {field} has values that are not numbers ({bad[0]}); "
                                     "left out")
@@ -215,7 +239,23 @@ def checked_lineage(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
                 warnings.append(f"{path.name}:{number}: {field} is {type(row[field]).__name__}, not a list")
                 row[field] = [row[field]]
             if field in row:
-                row[field] = [str(item) for item in row[field]]
+                row[field] = [shown(item) for item in row[field]]
+        rows.append(row)
+    return rows
+
+
+def checked_heldout(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
+    """heldout.jsonl's rows with an integer iteration and a text task id; lists where lists are read."""
+    rows = []
+    for number, row in _records(path, warnings):
+        if not (isinstance(row.get("iteration"), int) and is_number(row["iteration"])
+                and isinstance(row.get("task_id"), str)):
+            warnings.append(f"{path.name}:{number}: no integer iteration or no task id; line left out")
+            continue
+        for field in ("calls", "truth_tools"):
+            if field in row and not isinstance(row[field], list):
+                warnings.append(f"{path.name}:{number}: {field} is {type(row[field]).__name__}, not a list")
+                row[field] = [row[field]]
         rows.append(row)
     return rows
 
@@ -245,8 +285,8 @@ def changes_table(rows: Sequence[Mapping[str, Any]]) -> str:
     lines = []
     for kind, pairs in (("fixed", fixed), ("broke", broken)):
         for before, after in pairs:
-            cells = (kind, before.get("name"), "\n".join(map(str, before.get("calls") or [])) or "(no call)",
-                     before.get("reason") or "", "\n".join(map(str, after.get("calls") or [])) or "(no call)",
+            cells = (kind, before.get("name"), "\n".join(map(shown, before.get("calls") or [])) or "(no call)",
+                     before.get("reason") or "", "\n".join(map(shown, after.get("calls") or [])) or "(no call)",
                      after.get("reason") or "")
             lines.append(f'<tr class="change-{kind}">' + "".join(map(_cell, cells)) + "</tr>")
     head = ("", "task", f"calls at iteration {first}", "why it failed", f"calls at iteration {last}", "why it failed")
@@ -257,7 +297,7 @@ def changes_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def tool_sequence(calls: Sequence[Any]) -> str:
     """`cd > mkdir` for [cd(folder='a'), mkdir(dir_name='b')]: what a synthesized task and a held-out task share."""
-    return PATTERN_SEPARATOR.join(str(call).split("(", 1)[0].strip()[:60] for call in calls) or "(no call)"
+    return PATTERN_SEPARATOR.join(shown(call).split("(", 1)[0].strip()[:60] for call in calls) or "(no call)"
 
 
 def signals_table(metrics: Sequence[Mapping[str, Any]]) -> str:
@@ -281,16 +321,24 @@ def signals_table(metrics: Sequence[Mapping[str, Any]]) -> str:
 def rollout_rows(directory: Path, task_ids: set[str], warnings: list[str]) -> dict[str, list[Mapping[str, Any]]]:
     """Task id -> its training rollouts (every process's log), for the tasks asked for, in iteration order."""
     found: dict[str, list[Mapping[str, Any]]] = {}
+    budget = MAX_ROLLOUT_BYTES
     for path in sorted(directory.glob("rollouts*.jsonl")):
+        size = path.stat().st_size if readable(path, warnings) else 0
+        if size > budget:
+            warnings.append(f"{path.name}: the rollout logs hold over {MAX_ROLLOUT_BYTES} bytes together; this one "
+                            "and any after it left out")
+            break
+        budget -= size
         for _, row in _records(path, warnings):
-            if row.get("task_id") in task_ids:
+            if isinstance(row.get("task_id"), str) and row["task_id"] in task_ids:
                 found.setdefault(row["task_id"], []).append(row)
-    return {task: sorted(rows, key=lambda r: (r.get("iteration") or 0, str(r.get("id")))) for task, rows in found.items()}
+    order = lambda r: (r["iteration"] if is_number(r.get("iteration")) else 0, shown(r.get("id")))  # noqa: E731
+    return {task: sorted(rows, key=order) for task, rows in found.items()}
 
 
 def _steps_text(row: Mapping[str, Any]) -> str:
     steps = row.get("steps") if isinstance(row.get("steps"), list) else []
-    return "\n".join(f"{str(step.get('action', ''))[:120]} -> {str(step.get('observation', ''))[:120]}"
+    return "\n".join(f"{shown(step.get('action', ''))[:120]} -> {shown(step.get('observation', ''))[:120]}"
                      for step in steps if isinstance(step, dict)) or "(no call)"
 
 
@@ -298,7 +346,7 @@ def parent_rollouts_table(lineage: Sequence[Mapping[str, Any]], rollouts: Mappin
                           limit: int = 40) -> str:
     """The rollouts of each task a signal flagged (the lineage's parents), every iteration: calls -> observations
     and score, so a candidate can be read beside what the agent did on its parent. The first `limit` parents."""
-    parents = list(dict.fromkeys(str(r.get("parent_task_id")) for r in lineage if r.get("parent_task_id")))
+    parents = list(dict.fromkeys(shown(r.get("parent_task_id")) for r in lineage if r.get("parent_task_id")))
     lines = []
     for parent in parents[:limit]:
         for index, row in enumerate(rollouts.get(parent, [])):
@@ -306,7 +354,7 @@ def parent_rollouts_table(lineage: Sequence[Mapping[str, Any]], rollouts: Mappin
             rollout = f"{row.get('id')} (guided: the task's solution)" if row.get("guided") else row.get("id")
             lines.append(f"<tr{anchor}>" + _cell(parent) + _cell(row.get("iteration")) + _cell(rollout)
                          + _cell(row.get("score")) + _cell(_steps_text(row))
-                         + _cell("; ".join(map(str, row.get("reasons") or []))[:300]) + "</tr>")
+                         + _cell("; ".join(map(shown, row.get("reasons") or []))[:300]) + "</tr>")
     head = ("task", "iteration", "rollout", "score", "calls -> observations", "why it scored so")
     more = f"<p>The first {limit} of {len(parents)} flagged tasks.</p>" if len(parents) > limit else ""
     return (more + '<table id="parent-rollouts"><thead><tr>' + "".join(f"<th>{h}</th>" for h in head)
@@ -323,7 +371,7 @@ def coverage_table(lineage: Sequence[Mapping[str, Any]], heldout: Sequence[Mappi
     for row in lineage:
         if row.get("accepted"):
             group = groups.setdefault(tool_sequence(row.get("solution") or []), {"synthetic": [], "heldout": {}})
-            group["synthetic"].append(str(row.get("query") or ""))
+            group["synthetic"].append(shown(row.get("query") or ""))
     for row in heldout:
         if isinstance(row.get("truth_tools"), list) and row.get("iteration") in (first, last):
             group = groups.setdefault(tool_sequence(row["truth_tools"]), {"synthetic": [], "heldout": {}})
@@ -347,7 +395,7 @@ def render(directory: str | Path, warnings: list[str] | None = None) -> str:
     warnings = [] if warnings is None else warnings
     metrics = checked_metrics(directory / "metrics.jsonl", warnings)
     lineage = checked_lineage(directory / "synthesis.jsonl", warnings)
-    heldout = [row for _, row in _records(directory / "heldout.jsonl", warnings)]
+    heldout = checked_heldout(directory / "heldout.jsonl", warnings)
     try:
         summary = json.loads(_text(directory / "summary.json", warnings) or "{}")
     except ValueError:
@@ -363,7 +411,7 @@ def render(directory: str | Path, warnings: list[str] | None = None) -> str:
     by_tools = sorted({part for m in metrics if isinstance(m.get("heldout_by_tools"), dict)
                        for part in m["heldout_by_tools"]}, key=lambda part: (len(part), part))
     kinds = ("forgetting", "boundary", "rare")
-    parents = {str(r.get("parent_task_id")) for r in lineage if r.get("parent_task_id")}
+    parents = {shown(r.get("parent_task_id")) for r in lineage if r.get("parent_task_id")}
     phases = ("train", "signals", "synthesis", "eval")
     plots = [
         line_plot("Success rate", labels, {
@@ -391,6 +439,7 @@ def render(directory: str | Path, warnings: list[str] | None = None) -> str:
             phase: [m.get("seconds", {}).get(phase, 0.0) for m in metrics] for phase in phases}),
     ]
     shares = ", ".join(f"{m['iteration']}: {m.get('feedback_share', 0):.1%}" for m in metrics if m["iteration"])
+    # Only dicts of numbers reach here (checked_metrics): a malformed field was left out with its warning.
     facts = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_fact(k, v))}</td></tr>"
                     for k, v in summary.items())
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>coevolve run {html.escape(directory.name)}"
@@ -420,11 +469,13 @@ def _fact(key: str, value: Any) -> str:
         return json.dumps(value)
     if isinstance(value, float):
         return f"{value:.1%}" if key.endswith("share") else f"{value:.4g}"
+    if isinstance(value, int) and not is_number(value):
+        return shown(value)
     if isinstance(value, dict):
         return ", ".join(f"{k}: {_fact(str(k), v)}" for k, v in value.items()) or "-"
     if isinstance(value, list):
         return ", ".join(_fact(key, v) for v in value) or "-"
-    return str(value)
+    return shown(value)
 
 
 def write_report(directory: str | Path) -> Path:
@@ -435,8 +486,13 @@ def write_report(directory: str | Path) -> Path:
     if not readable(directory / "metrics.jsonl", []):
         raise FileNotFoundError(f"{directory}/metrics.jsonl is not a regular file: not a coevolve run directory")
     target = directory / "report.html"
+    if target.is_symlink() or (target.exists() and not target.is_file()):
+        raise FileNotFoundError(f"{target} is not a regular file; move it away and run the report again")
     warnings: list[str] = []
-    atomic_write_text(target, render(directory, warnings))
+    try:
+        atomic_write_text(target, render(directory, warnings))
+    except OSError as error:
+        raise FileNotFoundError(f"cannot write {target}: {error.strerror or error}") from None
     for warning in warnings:
         print(f"coevolve report: warning: {warning}", file=sys.stderr)
     return target

@@ -185,3 +185,50 @@ def test_odd_values_in_a_run_file_never_break_the_page_and_facts_read_as_text(ru
     assert "<td>0.1%</td>" in page and "<td>0.55</td>" in page
     flat = stacked_bars("t", [0, 1], {"a": [0.0, 0.0]})
     assert "e-09" not in flat and "e-10" not in flat and ">1<" in flat  # an all-zero plot's axis runs to 1
+
+
+HUGE = "1" + "0" * 5000
+
+
+@pytest.mark.parametrize(("file", "edit"), [
+    ("metrics.jsonl", lambda m: m[1].update(guided="yes")),
+    ("metrics.jsonl", lambda m: m[1].update(new_tool_tasks=[1, 2])),
+    ("metrics.jsonl", lambda m: m[1].update(new_tool_tasks={"admitted": "many", "one_call": 1})),
+    ("rollouts.jsonl", lambda r: r.append({"task_id": ["a", "b"], "iteration": 1})),
+    ("rollouts.jsonl", lambda r: r.extend([{"task_id": "t0", "iteration": "one"}, {"task_id": "t0", "iteration": 2}])),
+    ("heldout.jsonl", lambda h: h.extend([{"iteration": 0, "task_id": "h", "calls": 5, "success": True},
+                                          {"iteration": "2", "task_id": "h", "calls": [], "success": False},
+                                          {"iteration": 2, "task_id": "h", "calls": 7, "success": False}])),
+    ("metrics.jsonl", "huge"),
+    ("synthesis.jsonl", "huge"),
+])
+def test_malformed_run_values_are_warnings_never_a_traceback(run_dir, capsys, file, edit):
+    """Seven values that raised a traceback from `coevolve report` (exit 1): each is a warning now, exit 0."""
+    from coevolve.cli import main
+
+    path = run_dir / file
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    if file == "rollouts.jsonl":
+        lineage = [json.loads(line) for line in (run_dir / "synthesis.jsonl").read_text().splitlines()]
+        lineage[0]["parent_task_id"] = "t0"
+        (run_dir / "synthesis.jsonl").write_text("".join(json.dumps(row) + "\n" for row in lineage))
+    if edit == "huge":  # a 5,000-digit integer: JSON holds it, Python's int() of its text refuses
+        text = "".join(json.dumps(row) + "\n" for row in rows)
+        path.write_text(text + f'{{"iteration": {HUGE}, "feedback_share": {HUGE}}}\n'
+                        + f'{{"iteration": 1, "candidate_id": "c", "solution": ["ls()"], "query": {HUGE}}}\n')
+    else:
+        edit(rows)
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert main(["report", str(run_dir)]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and (run_dir / "report.html").is_file()
+
+
+def test_a_report_html_that_is_a_folder_is_refused_in_one_line_and_leaves_no_temporary_file(run_dir, capsys):
+    from coevolve.cli import main
+
+    (run_dir / "report.html").mkdir()
+    assert main(["report", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "report.html is not a regular file" in err
+    assert not [path for path in run_dir.iterdir() if path.name.endswith(".tmp")]
