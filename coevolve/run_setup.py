@@ -103,6 +103,14 @@ def _check_writable(directory: Path) -> None:
         raise ConfigError(f"--output-dir {directory} is under {existing}, which is a file; name a folder")
     if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"--output-dir {directory}: {existing} is not writable; name a folder you can write")
+    if existing is not None:  # permission bits say little (root, /proc): a folder made and removed says it all
+        import tempfile
+
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".coevolve-probe-", dir=existing))
+        except OSError as error:
+            raise ConfigError(f"--output-dir {directory}: a folder cannot be made in {existing} "
+                              f"({error.strerror or error}); name a folder you can write") from None
 
 
 def process_state(config: Config) -> Any:
@@ -158,6 +166,9 @@ def load_tasks(config: Config, env: Env) -> list[Task]:
     """D_0: the env's split, or `env.tasks_file`, the first `env.limit` of them."""
     if config.env.tasks_file:
         path = Path(config.env.tasks_file)
+        if not path.is_file():
+            raise ConfigError(f"env.tasks_file: {path} is {'a folder' if path.is_dir() else 'not there'}; name a "
+                              "JSON-lines file of task records (e.g. what `coevolve pool DIR --export FILE` wrote)")
         try:
             tasks = [Task.from_dict(row) for row in read_jsonl(path, skip_bad=False)]
         except OSError as error:
@@ -168,7 +179,8 @@ def load_tasks(config: Config, env: Env) -> list[Task]:
         tasks = env.tasks()
     tasks = tasks[: config.env.limit] if config.env.limit else tasks
     if not tasks:
-        raise ConfigError("env: no tasks to train on")
+        where = f"env.tasks_file {config.env.tasks_file} holds no task" if config.env.tasks_file else "env: no tasks"
+        raise ConfigError(f"{where} to train on")
     if config.env.tasks_file:  # a file's records are untrusted: checked before anything runs
         for task in tasks:
             problem = f"it is a task of env {task.env!r}" if task.env != env.name else env.check_task(task)

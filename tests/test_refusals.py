@@ -117,6 +117,25 @@ def test_dry_run_checks_the_env_as_a_run_would(tmp_path, capsys, overrides, said
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("case", ["missing", "folder", "empty"])
+def test_a_tasks_file_that_is_not_there_or_empty_is_named_as_such(tmp_path, capsys, case):
+    path = {"missing": tmp_path / "nope.jsonl", "folder": tmp_path, "empty": tmp_path / "empty.jsonl"}[case]
+    if case == "empty":
+        path.write_text("")
+    assert main(["train", "--config", str(REPO / "configs" / "quickstart.yaml"), "--output-dir",
+                 str(tmp_path / "run"), "--dry-run", f"env.tasks_file={path}"]) == 2
+    said = {"missing": "is not there", "folder": "is a folder", "empty": "holds no task to train on"}[case]
+    error = one_line_error(capsys)
+    assert said in error and str(path) in error
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs /proc")
+def test_an_output_dir_no_folder_can_be_made_in_is_refused_by_the_dry_run(capsys):
+    assert main(["train", "--config", str(REPO / "configs" / "quickstart.yaml"), "--output-dir", "/proc/x",
+                 "--dry-run"]) == 2
+    assert "a folder cannot be made in /proc" in one_line_error(capsys)
+
+
 def test_resume_with_a_config_file_uses_it_and_refuses_what_it_may_not_change(tmp_path):
     directory = tmp_path / "run"
     directory.mkdir()

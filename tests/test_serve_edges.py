@@ -66,6 +66,10 @@ HELLO = [{"role": "user", "content": "hi"}]
     ({"messages": HELLO, "model": "gpt-nothing"}, 404, "does not exist here"),
     ({"messages": "hi"}, 400, "non-empty list"),
     ({"messages": HELLO, "tools": "ls"}, 400, "'tools' must be a list"),
+    ({"messages": HELLO, "n": 2}, 400, "'n' is not supported by this server (send 1 or leave it out)"),
+    ({"messages": HELLO, "stop": ["\n"]}, 400, "'stop' is not supported"),
+    ({"messages": HELLO, "logit_bias": {"42": 5}}, 400, "'logit_bias' is not supported"),
+    ({"messages": HELLO, "presence_penalty": 0.5}, 400, "'presence_penalty' is not supported"),
 ])
 def test_malformed_requests_are_4xx_json_errors(server, body, status, words):
     code, payload = post(server, body)
@@ -119,11 +123,51 @@ def test_a_burst_of_clients_is_answered_in_full_with_bounded_memory(server):
 def test_other_methods_and_deep_bodies_get_json_answers(server):
     status, payload = raw_exchange(server, b"PUT /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
     assert status == 405 and "is not served here" in payload["error"]["message"]
+    status, payload = raw_exchange(server, b"TRACE /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status == 405 and "TRACE is not served here" in payload["error"]["message"]  # as the README says
+    host, port = server._httpd.server_address[:2]
+    with socket.create_connection((host, port), timeout=30) as connection:  # HEAD: the 405's headers, no body
+        connection.sendall(b"HEAD /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += connection.recv(65536)
+    assert head.startswith(b"HTTP/1.1 405") and head.endswith(b"\r\n\r\n")
     status, payload = raw_exchange(server, b"BREW /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
     assert status == 501 and payload["error"]["type"] == "invalid_request_error"  # JSON, not http.server's HTML
     deep = b"[" * 100_000 + b"]" * 100_000
     status, payload = post(server, None, raw=deep)
     assert status == 400 and "nested too deep" in payload["error"]["message"]
+
+
+def test_a_request_dripped_slowly_is_cut_off_at_its_read_deadline(tiny_model, tokenizer, monkeypatch):
+    """A byte every 0.2 s never trips the idle timeout; the whole request's deadline (here 1 s) closes it."""
+    import coevolve.policy.serve as serve
+
+    monkeypatch.setattr(serve, "READ_DEADLINE_SECONDS", 1.0)
+    with ChatServer(TransformersBackend(tiny_model, tokenizer), model_name="tiny") as running:
+        host, port = running._httpd.server_address[:2]
+        started = time.perf_counter()
+        closed_after = None
+        with socket.create_connection((host, port), timeout=10) as connection:
+            for byte in b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 9999\r\n\r\n" + b"x" * 100:
+                try:
+                    connection.sendall(bytes([byte]))
+                    connection.setblocking(False)
+                    try:
+                        connection.recv(65536)  # an answer or the end of the stream: the server let go
+                        closed_after = time.perf_counter() - started
+                    except BlockingIOError:
+                        pass
+                    finally:
+                        connection.setblocking(True)
+                except OSError:  # reset by the server
+                    closed_after = time.perf_counter() - started
+                if closed_after is not None or time.perf_counter() - started > 6:
+                    break
+                time.sleep(0.2)
+        assert closed_after is not None and 0.9 < closed_after < 4
+        status, _ = raw_exchange(running, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert status == 200
 
 
 def test_idle_connections_are_closed_and_connections_are_bounded(tiny_model, tokenizer, monkeypatch):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import math
 import queue
+import socket
 import threading
 import time
 import uuid
@@ -47,6 +48,13 @@ from coevolve.records import ToolCall
 MAX_BODY_BYTES = 2 * 1024 * 1024
 MAX_CONNECTIONS = 256
 IDLE_TIMEOUT_SECONDS = 30.0
+READ_DEADLINE_SECONDS = 20.0
+"""A request must arrive whole within this (headers and body): a client dripping a byte every 29 s passed the idle
+timeout forever, and 256 of them held every connection slot (503 for everyone else) for as long as they liked."""
+UNSUPPORTED = {"n": 1, "stop": None, "logit_bias": None, "presence_penalty": 0, "frequency_penalty": 0,
+               "logprobs": False, "top_logprobs": None, "response_format": None, "stream_options": None}
+"""OpenAI parameters this server does not honour, with the one value it takes (what leaving them out means):
+any other value is refused with a 400, never silently ignored."""
 MAX_CHARS_PER_TOKEN = 32
 """No token of a byte-level BPE vocabulary spans more characters than this, so a prompt of more than
 context x 32 characters cannot fit whatever it says: refused without tokenising it."""
@@ -270,6 +278,10 @@ def _check_body(body: dict, model_name: str) -> tuple[int, dict] | None:
             return 400, _error(f"messages[{index}].content must be a string")
     if body.get("stream"):
         return 400, _error("stream: true is not supported by this server; send stream: false")
+    for name, default in UNSUPPORTED.items():
+        if name in body and body[name] != default and not (default is None and body[name] in ([], {})):
+            taken = "leave it out" if default is None else f"send {json.dumps(default)} or leave it out"
+            return 400, _error(f"'{name}' is not supported by this server ({taken}); it is not ignored in silence")
     model = body.get("model")
     if model is not None and model != model_name:
         return 404, {"error": {"message": f"model {model!r} does not exist here; this server serves {model_name!r}",
@@ -307,17 +319,45 @@ def _handler_for(server: ChatServer) -> type[BaseHTTPRequestHandler]:
             self._send(405, _error(f"{self.command} is not served here; use GET /v1/models or POST "
                                    "/v1/chat/completions"))
 
-        do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed
+        do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _not_allowed
+
+        def do_HEAD(self) -> None:  # noqa: N802 - a 405 like any other method, its headers without the body
+            self._head_only = True
+            self._not_allowed()
+
+        def handle_one_request(self) -> None:
+            """One request, read whole within READ_DEADLINE_SECONDS (see there), then answered without a deadline
+            of the connection's (the answer has its own, `request_timeout_seconds`)."""
+            self._head_only = False
+            self._reading = threading.Timer(READ_DEADLINE_SECONDS, self._cut_off)
+            self._reading.daemon = True
+            self._reading.start()
+            try:
+                super().handle_one_request()
+            finally:
+                self._reading.cancel()
+
+        def _cut_off(self) -> None:
+            self.close_connection = True
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
         def _send(self, status: int, payload: dict) -> None:
             data = json.dumps(payload).encode("utf-8")
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if not getattr(self, "_head_only", False):
+                    self.wfile.write(data)
+            except OSError:  # the client left, or was cut off at its read deadline: nobody to answer
+                self.close_connection = True
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            self._reading.cancel()
             if self.path.rstrip("/") == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": server.model_name, "object": "model"}]})
             else:
@@ -335,7 +375,9 @@ def _handler_for(server: ChatServer) -> type[BaseHTTPRequestHandler]:
                 self._send(413, _error(f"request body over {MAX_BODY_BYTES} bytes"))
                 return
             try:
-                body = json.loads(self.rfile.read(length) or b"{}")
+                raw = self.rfile.read(length)
+                self._reading.cancel()  # read whole: the answer may take as long as generation takes
+                body = json.loads(raw or b"{}")
             except ValueError:
                 self._send(400, _error("body is not JSON"))
                 return
