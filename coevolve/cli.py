@@ -397,13 +397,16 @@ def run_train(args: argparse.Namespace) -> int:
         if args.dry_run:  # everything a run checks before it writes: the config, the env, D_0, the held-out set
             import yaml
 
-            from coevolve.run_setup import build_env, build_eval, check_heldout, load_tasks, resolve_config
+            from coevolve.run_setup import (build_env, build_eval, check_heldout, env_check_warnings, load_tasks,
+                                            resolve_config)
 
             config, _ = resolve_config(args.config, args.overrides, args.output_dir, args.resume)
             env = build_env(config)
             seed_tasks, (_, heldout) = load_tasks(config, env), build_eval(config, env)
             if config.run.mode != "zero-shot" and config.loop.d0 == "entries":
                 check_heldout(config, seed_tasks, heldout)
+            for line in env_check_warnings(env, seed_tasks):
+                print(f"coevolve train: warning: {line}", file=sys.stderr)
             print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
             return 0
         run(args.config, args.overrides, args.output_dir, args.resume)

@@ -119,8 +119,8 @@ from coevolve.metrics import IterationMetrics, RunResult
 from coevolve.pool import BatchMix, TaskPool, recently_solved
 from coevolve.records import SIGNAL_KINDS, ExplorationContext, Task, Trajectory
 from coevolve.report import write_report
-from coevolve.run_setup import (METRICS, Heldout, PhaseTimer, build_env, build_eval, build_renderer,
-                                check_heldout, check_processes, exposed_tools, first_heldout, heldout_text,
+from coevolve.run_setup import (METRICS, Heldout, PhaseTimer, build_env, build_eval, build_renderer, check_heldout,
+                                check_processes, env_check_warnings, exposed_tools, first_heldout, heldout_text,
                                 last_heldout, load_tasks, new_tool_tasks, open_pool, policy_backend, pool_sizes,
                                 process_state, resolve_config, resume_plan, run_logging, success_by, summary_of,
                                 summary_table, write_run_config)
@@ -524,7 +524,8 @@ def _run(config: Config, directory: Path, process: Any, started: float, resume: 
     say(f"run {directory}: mode {config.run.mode}, {len(tasks)} tasks, model {config.model.name}, "
         f"{config.run.max_steps} steps of {config.grpo.prompts_per_step} tasks x {config.rollout.group_size} rollouts "
         f"in iterations of {config.loop.steps_per_iteration}; held-out: {len(eval_tasks)} tasks")
-    with open_pool(directory, tasks) as pool:
+    for line in env_check_warnings(env, seed_tasks) if process.is_main_process else ():
+        say(f"warning: {line}")  # a user env `env check` would refuse: said once, the run goes on    with open_pool(directory, tasks) as pool:
         state = Run(config, directory, env, renderer, pool, eval_env, eval_tasks, say, is_main=process.is_main_process,
                     num_processes=process.num_processes, backend=backend)
         plan = resume_plan(state, resume)

@@ -189,6 +189,29 @@ def load_tasks(config: Config, env: Env) -> list[Task]:
     return tasks
 
 
+USER_ENV_CHECKED_TASKS = 2
+"""How many of D_0's tasks a run plays twice at its start, as `coevolve env check` would (user envs only)."""
+
+
+def env_check_warnings(env: Env, tasks: Sequence[Task], limit: int = USER_ENV_CHECKED_TASKS) -> list[str]:
+    """What `coevolve env check` would refuse in a user env (`mcp:`, `python:`), from its first `limit` tasks'
+    ground truths played twice, so a run says it at its start instead of training on a server whose episodes
+    differ or fail. Other envs: nothing (their tasks are checked by their own tests)."""
+    from coevolve.envs.user_env import truth_problem
+
+    if not env.name.startswith(("mcp:", "python:")):
+        return []
+    shared = getattr(getattr(env, "source", None), "shared", None) is not None
+    cause = ("one shared server: each run changes what the next one sees; name a factory that makes a fresh one"
+             if shared else "randomness, the clock or state shared between instances?")
+    lines = []
+    for task in list(tasks)[:limit]:
+        problem = truth_problem(env, task, cause)
+        if problem:
+            lines.append(f"`coevolve env check` refuses task {task.name!r}: {problem}")
+    return lines
+
+
 def build_renderer(config: Config, env: Env, tasks: Sequence[Task]) -> tuple[Any, Any, list[Task]]:
     """(tokenizer, renderer, training tasks). Worked examples come from the training tasks and leave the set:
     a task whose solution is in the prompt teaches nothing."""

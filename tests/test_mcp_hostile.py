@@ -229,3 +229,16 @@ def test_the_workers_import_nothing_from_the_working_directory(hostile, planted)
     assert not (hostile / f"planted-{planted}-ran").exists()
     assert python.returncode == 0 and json.loads(python.stdout)["per_task"] == {"add": 1}, python.stderr
     assert mcp.returncode == 0 and json.loads(mcp.stdout)["per_task"]["fine"] == 1, mcp.stderr
+
+
+def test_a_run_on_a_server_env_check_refuses_says_so_at_its_start(hostile, capsys):
+    """`train` ran on a server `env check` refuses; its dry run (and the run's first lines) say why now."""
+    from coevolve.cli import main
+
+    repo = Path(__file__).resolve().parent.parent
+    options = "env.options={server: 'hostile_server:make_server', tasks: '%s'}" % (hostile / "tasks.jsonl")
+    assert main(["train", "--config", str(repo / "configs" / "quickstart.yaml"), "--output-dir",
+                 str(hostile / "run"), "--dry-run", "env.name=mcp", "env.split=null", "model.demos=0",
+                 options]) == 0
+    err = capsys.readouterr().err
+    assert "warning: `coevolve env check` refuses task 'leave'" in err and "SystemExit" in err

@@ -197,8 +197,14 @@ class Session:
 
     def list_tools(self) -> list[dict[str, Any]]:
         """Every listed tool (every page) as plain data: name, description, title, input schema."""
+        try:
+            listed = self.request(_all_tools)
+        except SessionLost:
+            raise
+        except Exception as error:  # noqa: BLE001 - the server's answer was refused (an invalid tool list)
+            raise SessionLost(f"the server's tool list was refused: {describe(error)}") from None
         return [{"name": tool.name, "description": tool.description, "title": tool.title,
-                 "input_schema": dict(tool.input_schema or {"type": "object"})} for tool in self.request(_all_tools)]
+                 "input_schema": dict(tool.input_schema or {"type": "object"})} for tool in listed]
 
     def call(self, name: str, arguments: Mapping[str, Any], max_chars: int = DEFAULT_MAX_RESULT_CHARS
              ) -> tuple[str, str | None]:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import collections
 import copy
 import json
+import re
 import time
 import warnings
 import weakref
@@ -57,6 +58,8 @@ from coevolve.states import ARGUMENT_STATES, StatePatterns
 
 __all__ = ["MCPEnv", "MCPEpisode", "check_mcp_env", "result_text"]
 TRUTH_CACHE_SIZE = 512
+TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+"""A tool name as the MCP specification allows it; any other (a newline, a space, 300 characters) is refused."""
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -168,8 +171,9 @@ class MCPEnv(Env):
         docs, validators = [], {}
         for tool in listed:
             name, schema = tool["name"], tool["input_schema"]
-            if not isinstance(name, str) or not name:
-                raise EnvDefinitionError(f"{self.name}: a tool without a name")
+            if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+                raise EnvDefinitionError(f"{self.name}: tool name {str(name)[:80]!r} is not a name the agent can call "
+                                         "(MCP's rule: 1-128 of A-Z a-z 0-9 _ - .)")
             try:
                 validator = jsonschema.validators.validator_for(schema)
                 validator.check_schema(schema)
