@@ -525,7 +525,8 @@ def _run(config: Config, directory: Path, process: Any, started: float, resume: 
         f"{config.run.max_steps} steps of {config.grpo.prompts_per_step} tasks x {config.rollout.group_size} rollouts "
         f"in iterations of {config.loop.steps_per_iteration}; held-out: {len(eval_tasks)} tasks")
     for line in env_check_warnings(env, seed_tasks) if process.is_main_process else ():
-        say(f"warning: {line}")  # a user env `env check` would refuse: said once, the run goes on    with open_pool(directory, tasks) as pool:
+        say(f"warning: {line}")  # a user env `env check` would refuse: said once, the run goes on
+    with open_pool(directory, tasks) as pool:
         state = Run(config, directory, env, renderer, pool, eval_env, eval_tasks, say, is_main=process.is_main_process,
                     num_processes=process.num_processes, backend=backend)
         plan = resume_plan(state, resume)

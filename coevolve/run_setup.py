@@ -201,9 +201,8 @@ def env_check_warnings(env: Env, tasks: Sequence[Task], limit: int = USER_ENV_CH
 
     if not env.name.startswith(("mcp:", "python:")):
         return []
-    shared = getattr(getattr(env, "source", None), "shared", None) is not None
-    cause = ("one shared server: each run changes what the next one sees; name a factory that makes a fresh one"
-             if shared else "randomness, the clock or state shared between instances?")
+    cause = ("randomness, the clock, or state every episode shares: one shared MCP server, a class attribute? "
+             "`coevolve env check` says which")
     lines = []
     for task in list(tasks)[:limit]:
         problem = truth_problem(env, task, cause)

@@ -242,3 +242,29 @@ def test_a_run_on_a_server_env_check_refuses_says_so_at_its_start(hostile, capsy
                  options]) == 0
     err = capsys.readouterr().err
     assert "warning: `coevolve env check` refuses task 'leave'" in err and "SystemExit" in err
+
+
+KILLED_PARENT = '''
+import sys, time
+sys.path.insert(0, ".")
+from coevolve.envs.mcp_env import MCPEnv
+env = MCPEnv(server="hostile_server:make_server", tasks="tasks.jsonl", call_timeout_s=600)
+episode = env.reset(env.tasks()[0])
+print(env.worker._process.pid, flush=True)
+episode.act(["block()"])  # the worker's loop blocks; this process is killed meanwhile
+'''
+
+
+def test_the_worker_ends_when_its_parent_is_killed_even_while_a_tool_blocks(hostile):
+    import signal
+
+    (hostile / "killed_parent.py").write_text(KILLED_PARENT)
+    parent = subprocess.Popen([sys.executable, "killed_parent.py"], cwd=hostile, stdout=subprocess.PIPE, text=True)
+    worker = int(parent.stdout.readline())
+    time.sleep(1.5)  # the call is in flight, the worker blocked in time.sleep(600)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(worker)

@@ -166,7 +166,7 @@ class ToolWorker:
         to_child, from_parent = os.pipe()
         to_parent, from_child = os.pipe()
         spec = json.dumps({"path": sys.path, "cls": _name_of(self.cls), "factory": _name_of(self.make_instance),
-                           "fds": [to_child, from_child]})
+                           "fds": [to_child, from_child], "parent": os.getpid()})
         stderr = sys.__stderr__.fileno() if sys.__stderr__ is not None else subprocess.DEVNULL
         # -P: the working directory never leads sys.path, so a `pickle.py` or `json.py` lying there is never what
         # the worker imports; the caller's path follows the standard library's (`_main`).
@@ -317,10 +317,25 @@ class BrokenInstance:
         raise WorkerLost(self.lost)
 
 
+def _watch_parent(parent: int) -> None:
+    """End the worker once its parent is gone (killed, crashed), even while a tool blocks the worker: nothing the
+    run started outlives it. A daemon thread, polling once a second."""
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="coevolve-parent-watch", daemon=True).start()
+
+
 def _main(spec_text: str) -> None:
     """The worker's entry: `python -m coevolve.envs.python_worker SPEC` (SPEC: JSON with the parent's sys.path,
     the class and the instance factory by name, and the two pipe ends)."""
     spec = json.loads(spec_text)
+    _watch_parent(spec["parent"])
     # The standard library and the installed packages first (what -P started with), then the caller's entries:
     # a module lying beside the user's code (a planted `pickle.py`) never shadows the real one.
     sys.path[:] = [*sys.path, *(entry for entry in spec["path"] if entry not in sys.path)]
