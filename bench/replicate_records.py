@@ -41,7 +41,11 @@ def config_differences(have: Mapping[str, Any], want: Mapping[str, Any]) -> list
     aside. A key only one side has is a switch added (or removed) since the run: new switches default to the old
     behaviour, so it is not a difference; a value two configs both hold and disagree on is."""
     have, want = flat(have), flat(want)
-    return sorted(key for key in set(have) & set(want) if key != "run.output_dir" and have[key] != want[key])
+    return sorted(key for key in set(have) & set(want) if key not in UNRELATED and have[key] != want[key])
+
+
+UNRELATED = ("run.output_dir", "run.report_to")
+"""Settings that change where a run writes, never what it trains: a record made with other values still counts."""
 
 
 def code_commit(repo: Path) -> str | None:

@@ -125,6 +125,7 @@ from coevolve.run_setup import (METRICS, Heldout, PhaseTimer, build_env, build_e
                                 process_state, resolve_config, resume_plan, run_logging, success_by, summary_of,
                                 summary_table, write_run_config)
 from coevolve.signals import SignalReport, extract_signals
+from coevolve.train.trackers import report_iteration
 from coevolve.states import new_state_tasks, state_coverage
 from coevolve.synthesis import (Deadline, Stage, SynthesisResult, abstract, build_abstractor, build_explorer, explore,
                                 signal_contexts, synthesis_result, validate)
@@ -365,6 +366,7 @@ def record_iteration(run: "Run", t: int, trajectories: Sequence[Trajectory], rep
         new_state_tasks(run.env.states, run.pool.tasks_at(0, "seed"), run.pool.tasks_at(t, "synthetic")) if t else {},
     )
     run.metrics_log.append(metrics.to_dict())
+    report_iteration(run.trainer, metrics.to_dict())  # to run.report_to's trackers, after the line: never twice
     if t == 0:
         if heldout is not None:
             run.say(f"before training: held-out success {heldout_text(metrics)} on {len(run.eval_tasks)} tasks")

@@ -351,3 +351,86 @@ def test_a_rollout_log_that_does_not_hold_steps_x_prompts_x_k_stops_the_redo_wit
     (out / "rollouts.jsonl").write_text("\n".join(rows[:dropped] + rows[dropped + 1:]) + "\n")
     with pytest.raises(TrainingError, match=r"iteration 2: the logs hold 7 rollouts, not .* = 8"):
         run(None, [], str(out), resume=True, say=lambda text: None)
+
+
+def tensorboard_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar under `directory` as TensorBoard itself reads it (its EventAccumulator), tag -> [(step, value)]."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    for events in sorted(directory.rglob("events.out.tfevents.*")):
+        accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        accumulator.Reload()
+        for tag in accumulator.Tags()["scalars"]:
+            scalars.setdefault(tag, []).extend((event.step, event.value) for event in accumulator.Scalars(tag))
+    return scalars
+
+
+def test_coevolves_figures_reach_tensorboard_at_each_iterations_last_step_and_a_resume_adds_no_duplicate(
+        tmp_path, ls_policy_dir, tasks_file):
+    out = tmp_path / "run"
+    options = settings(ls_policy_dir, tasks_file, "coevolve", "run.report_to=[tensorboard]")
+    run(None, options, str(out), say=lambda text: None)
+    scalars = tensorboard_scalars(out / "tensorboard")
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert scalars["coevolve/signals/boundary"] == [(m["steps"][1] if m["steps"] else 0,
+                                                      float(m["signals"]["boundary"])) for m in metrics]
+    assert [value for _, value in scalars["coevolve/pool/synthetic"]] == [m["pool"]["synthetic"] for m in metrics]
+    assert [value for _, value in scalars["coevolve/heldout_success"]] == pytest.approx(
+        [m["heldout_success"] for m in metrics])
+    assert "coevolve/synthesis/accepted" in scalars and "coevolve/seconds/train" in scalars
+    assert any(tag.startswith("train/") for tag in scalars)  # TRL's own step metrics beside them
+    run(None, [*options, "run.max_steps=3"], str(out), resume=True, say=lambda text: None)
+    resumed = tensorboard_scalars(out / "tensorboard")
+    for tag in ("coevolve/signals/boundary", "coevolve/pool/total", "coevolve/feedback_share"):
+        steps = [step for step, _ in resumed[tag]]
+        assert steps == sorted(set(steps)) == [0, 1, 2, 3], tag  # the same curve, continued, no point twice
+
+
+def test_iteration_figures_flatten_a_metrics_line_by_hand():
+    from coevolve.train.trackers import iteration_figures
+
+    record = {"iteration": 2, "steps": [3, 4], "train_success": 0.25, "heldout_success": None,
+              "signals": {"boundary": 3, "rare": 0}, "synthesis": {"rejected_by_reason": {"redundant": 2},
+                                                                    "contexts_by_signal": {"boundary": 1}},
+              "heldout_by_calls": {"2-call": 0.5}, "guided": 1, "draw": {"never tried": 4, "ok": True},
+              "feedback_share": float("nan"), "patterns": {"1": {"theta_percent": 5.0, "rare_names": ["ls"]}}}
+    assert iteration_figures(record) == {
+        "coevolve/train_success": 0.25, "coevolve/signals/boundary": 3.0, "coevolve/signals/rare": 0.0,
+        "coevolve/synthesis/rejected_by_reason/redundant": 2.0, "coevolve/synthesis/contexts_by_signal/boundary": 1.0,
+        "coevolve/heldout_by_calls/2-call": 0.5, "coevolve/guided": 1.0, "coevolve/draw/never_tried": 4.0,
+        "coevolve/draw/ok": 1.0, "coevolve/patterns/1/theta_percent": 5.0}
+
+
+TRACKIO_RUN = """
+import json, sys
+sys.path.insert(0, {tests!r})
+from coevolve.loop import run
+run(None, json.loads(sys.argv[1]), sys.argv[2], say=lambda text: None)
+"""
+TRACKIO_READ = """
+import json, sys
+from trackio.sqlite_storage import SQLiteStorage
+runs = [(project, name) for project in SQLiteStorage.get_projects() for name in SQLiteStorage.get_runs(project)]
+assert len(runs) == 1, runs  # one CoEvolve run is one trackio run, every iteration's train() call in it
+print(json.dumps(SQLiteStorage.get_logs(*runs[0]), default=str))
+"""
+
+
+def test_coevolves_figures_reach_trackio_offline(tmp_path, ls_policy_dir, tasks_file):
+    """trackio with no account and no network: its local store holds the figures at the iterations' steps."""
+    environment = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio"), "HF_HUB_OFFLINE": "1",
+                   "TRACKIO_SHOW_UI": "0"}
+    options = settings(ls_policy_dir, tasks_file, "static", "run.report_to=[trackio]")
+    script = TRACKIO_RUN.format(tests=str(REPO / "tests"))
+    done = subprocess.run([sys.executable, "-c", script, json.dumps(options), str(tmp_path / "run")], cwd=REPO,
+                          env=environment, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    read = subprocess.run([sys.executable, "-c", TRACKIO_READ], env=environment, capture_output=True, text=True,
+                          timeout=120)
+    assert read.returncode == 0, read.stderr[-2000:]
+    logs = json.loads(read.stdout)
+    ours = [row for row in logs if "coevolve/pool/seed" in row]
+    assert [row["train/global_step"] for row in ours] == [0, 1, 2]
+    assert any("train/loss" in row or "train/reward" in row for row in logs)  # TRL's own metrics, in the same run
+    assert all(row["coevolve/pool/seed"] == 4 for row in ours)

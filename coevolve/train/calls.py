@@ -208,6 +208,7 @@ def attach_trainer(run: "Run", tokenizer: Any) -> None:
     `Run.rollouts` and `Run.clock` are set."""
     from coevolve.policy.models import resolve_model
     from coevolve.train.grpo import EnvRollouts, build_trainer as trl_trainer, slot_dataset
+    from coevolve.train.trackers import prepare_trackers
     from coevolve.rollout import trajectory_summary
 
     config, pending = run.config, {}
@@ -227,6 +228,7 @@ def attach_trainer(run: "Run", tokenizer: Any) -> None:
                                          run.clock.callback()],
                               dataset=slot_dataset(run.slots))
     quiet_console(run.trainer, config.run.max_steps, run.is_main)
+    prepare_trackers(run.trainer, run.directory)  # TensorBoard in DIR/tensorboard: one place, continued on resume
 
 
 def config_callback(config: Config) -> Any:

@@ -278,6 +278,7 @@ def grpo_args(config: Config, output_dir: Path, num_processes: int = 1) -> Any:
         save_total_limit=run.save_total_limit,
         logging_steps=run.logging_steps,
         report_to=list(run.report_to) or "none",
+        run_name=output_dir.name,  # trackio and W&B: one tracker run per CoEvolve run, continued by a resume
         use_cpu=device == "cpu",
         bf16=grpo.bf16,
         fp16=False,
