@@ -134,3 +134,15 @@ def test_signatures_tool_style_lists_each_tool_on_one_line(tokenizer):
     short, long = compact.prompt_ids(compact.opening_messages(docs, user)), full.prompt_ids(
         full.opening_messages(docs, user))
     assert len(short) < 0.5 * len(long)  # the BFCL boilerplate repeated in every doc is gone
+
+
+def test_the_signatures_style_shows_an_enums_choices_not_just_its_type():
+    from coevolve.policy.chat import tool_signature
+
+    doc = {"name": "set_unit", "description": "Set the unit.",
+           "parameters": {"type": "dict", "required": ["unit"], "properties": {
+               "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+               "level": {"type": "integer", "enum": list(range(20)), "default": 3}}}}
+    line = tool_signature(doc)
+    assert 'unit: "celsius"|"fahrenheit"' in line
+    assert "level: 0|1|2|3|4|5|6|7|8|9|10|11|... = 3" in line

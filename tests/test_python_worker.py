@@ -117,3 +117,30 @@ def test_env_check_and_eval_say_why_in_one_line_and_never_exit_silently(hostile)
     # environment failure the episode cannot pass.
     assert report["n"] == 3 and report["per_task"] == {"ok": 1, "exits": 1, "vanishes": 0}
     assert "exit code 0" in " ".join(report["failures"]["vanishes"])
+
+
+def test_a_class_a_worker_cannot_import_is_refused_up_front_unless_isolate_is_off(tmp_path):
+    """It ran in-process without a deadline, with only a warning: a tool that exits would end the run."""
+    import json
+
+    from coevolve.envs.python_env import PythonEnv
+    from coevolve.envs.user_env import EnvDefinitionError
+
+    class Local:
+        """Defined inside a function: no name a fresh interpreter can import."""
+
+        def add(self, amount: int) -> int:
+            """Add.
+
+            Args:
+                amount: how much.
+            """
+            return amount
+
+    (tmp_path / "tasks.jsonl").write_text(json.dumps({"id": "a", "query": "Add 1.",
+                                                      "ground_truth": [["add(amount=1)"]]}) + "\n")
+    with pytest.raises(EnvDefinitionError, match="cannot be imported by name in a worker process") as refused:
+        PythonEnv(Local, tasks=str(tmp_path / "tasks.jsonl"))
+    assert "isolate" in str(refused.value) and "\n" not in str(refused.value)
+    env = PythonEnv(Local, tasks=str(tmp_path / "tasks.jsonl"), isolate=False)  # asked for: in this process
+    assert env.reset(env.tasks()[0]).act(["add(amount=1)"])[0].observation == "1"

@@ -31,7 +31,6 @@ import inspect
 import json
 import types
 import typing
-import warnings
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 from coevolve.calls import DEFAULT_LIMITS, CallError, CallLimits, fresh_arguments, parse_call
@@ -339,9 +338,11 @@ class PythonEnv(Env):
         self.worker: ToolWorker | None = None
         if isolate and can_isolate(self.cls):
             self.worker = ToolWorker(self.cls, _worker_instance, call_timeout_s)
-        elif isolate:
-            warnings.warn(f"{self.cls.__qualname__} cannot be sent to a worker process (defined inside a function?): "
-                          "its tools run in this process, without a deadline", RuntimeWarning, stacklevel=2)
+        elif isolate:  # refused, not warned: in this process a tool that exits ends the run, one that loops hangs it
+            raise EnvDefinitionError(
+                f"{self.cls.__module__}:{self.cls.__qualname__} cannot be imported by name in a worker process "
+                "(defined in the __main__ script or inside a function): move it into a module, or pass isolate=False "
+                "(env.options.isolate: false) to run its tools in this process, with no deadline")
 
     def instance(self, reset: Mapping[str, Any]) -> "_Instance | RemoteInstance | BrokenInstance":
         """A fresh instance of the class, started with `reset`'s arguments: in the tools' worker when isolated."""

@@ -19,8 +19,8 @@ After a restart, the instances the dead worker held are gone: their episodes ans
 error and score 0 with a failed `process` check, so the rollout counts as an environment failure and
 `rollout.max_consecutive_failures` stops a run whose tools keep dying. What a tool prints goes to stderr (stdout
 may be a `--json` answer). A class that a child cannot import by name (defined inside a function, or in the
-`__main__` script) runs in the caller's process instead (`PythonEnv(isolate=...)`, said once as a warning); so does
-everything with `isolate=False`.
+`__main__` script) is refused when the env is made, unless `PythonEnv(isolate=False)` asks for the caller's process
+(no deadline there: a tool that exits ends the run).
 """
 
 from __future__ import annotations

@@ -109,6 +109,10 @@ def tool_description(doc: Mapping[str, Any] | None, name: str = "") -> str:
     return sentence or f"Call {name or (doc or {}).get('name', 'it')}"
 
 
+MAX_SHOWN_CHOICES = 12
+"""Enum values a signature line shows at most (the rest as `|...`)."""
+
+
 def tool_signature(doc: Mapping[str, Any]) -> str:
     """`- name(param: type, opt: type = default): description.` (the `signatures` tool style)."""
     parameters = doc.get("parameters") or {}
@@ -117,6 +121,10 @@ def tool_signature(doc: Mapping[str, Any]) -> str:
     for name, schema in (parameters.get("properties") or {}).items():
         schema = schema if isinstance(schema, Mapping) else {}
         kind = _TYPE_NAMES.get(str(schema.get("type", "any")), str(schema.get("type", "any")))
+        choices = schema.get("enum")
+        if isinstance(choices, list) and choices:  # the values it takes, not just `string` (as the JSON styles show)
+            kind = "|".join(json.dumps(value, ensure_ascii=False) for value in choices[:MAX_SHOWN_CHOICES])
+            kind += "|..." if len(choices) > MAX_SHOWN_CHOICES else ""
         if name in required:
             shown.append(f"{name}: {kind}")
         else:
