@@ -101,6 +101,7 @@ rollouts: the pool refuses what it already holds and the lineage log replaces th
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 import time
@@ -195,8 +196,11 @@ def sample_tasks(run: "Run", t: int) -> list[Task]:
     weights.update(dict.fromkeys(recurring_ids, 0.0))  # weight 0: not drawn twice
     if loop.d0 == "explored":  # the env's own tasks only start explorations: never trained on
         weights.update(dict.fromkeys((task.id for task in run.pool.tasks_at(0, "seed")), 0.0))
-    drawn = run.pool.sample(t - 1, run.slots - len(recurring), rng_seed=seed,
-                            config=BatchMix(loop.synthetic_fraction, loop.signal_weights), weights=weights)
+    mix = BatchMix(loop.synthetic_fraction, loop.signal_weights)
+    drawn = run.pool.sample(t - 1, run.slots - len(recurring), rng_seed=seed, config=mix, weights=weights)
+    for kind in run.pool.idle_weights(t - 1, mix):  # a weight with nothing to weigh changes nothing: said once
+        run.note_once(f"loop.signal_weights.{kind} = {loop.signal_weights[kind]:g}: no task of D_{t - 1} comes from "
+                      f"a `{kind}` context, so it weighed nothing in iteration {t}'s draw (it acts once one is admitted)")
     tasks = recurring + drawn
     if recurring:
         rng.shuffle(tasks)  # recurring tasks spread over the iteration's steps, not all in its first
@@ -415,6 +419,7 @@ class Run:
         self.slots = self.config.grpo.prompts_per_step * loop.steps_per_iteration // self.config.grpo.passes_per_batch
         self.iterations = math.ceil(self.config.run.max_steps / loop.steps_per_iteration)
         self.metrics_log = JsonLines(self.directory / METRICS)
+        self.noted: set[str] = set()
         self.lineage_log = JsonLines(self.directory / LINEAGE)
         self.steps_log = JsonLines(self.directory / STEPS)
         self.heldout_log = JsonLines(self.directory / HELDOUT)
@@ -435,6 +440,13 @@ class Run:
     def step_range(self, t: int) -> tuple[int, int]:
         """First and last optimizer step of iteration t (the last iteration may be shorter)."""
         return (t - 1) * self.steps_per_iteration + 1, min(t * self.steps_per_iteration, self.config.run.max_steps)
+
+    def note_once(self, text: str) -> None:
+        """A note said once a run, on the console and in run.log (e.g. a switch that changes nothing)."""
+        if text.split(":", 1)[0] not in self.noted:
+            self.noted.add(text.split(":", 1)[0])
+            self.say(f"note: {text}")
+            logging.getLogger("coevolve.loop").warning(text)
 
     def recorded(self) -> set[int]:
         return {record["iteration"] for record in self.metrics_log.read()}

@@ -348,6 +348,19 @@ class TaskPool:
 
     # --- sampling -----------------------------------------------------------------------------------------------
 
+    def _draw_rows(self, iteration: int) -> list[Row]:
+        iteration = self._resolve(iteration)
+        return self._db.execute(
+            "SELECT t.id, t.source, t.parent_id, t.signal, json_extract(t.payload, '$.provenance.focus_tool')"
+            " FROM membership m JOIN tasks t ON t.id = m.task_id"
+            " WHERE m.iteration = ? ORDER BY t.id",  # a fixed order, so the seed alone decides the draw
+            (iteration,),
+        ).fetchall()
+
+    def idle_weights(self, iteration: int, config: BatchMix) -> list[str]:
+        """`signal_weights` kinds with no task of D_iteration to weigh (`idle_weights`)."""
+        return idle_weights(self._draw_rows(iteration), config)
+
     def sample(
         self,
         iteration: int,
@@ -363,13 +376,7 @@ class TaskPool:
         """
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise ValueError(f"count must be a non-negative int, got {count!r}")
-        iteration = self._resolve(iteration)
-        rows = self._db.execute(
-            "SELECT t.id, t.source, t.parent_id, t.signal, json_extract(t.payload, '$.provenance.focus_tool')"
-            " FROM membership m JOIN tasks t ON t.id = m.task_id"
-            " WHERE m.iteration = ? ORDER BY t.id",  # a fixed order, so the seed alone decides the draw
-            (iteration,),
-        ).fetchall()
+        rows = self._draw_rows(iteration)
         chosen_ids = draw(rows, count, random.Random(rng_seed), config, weights or {})
         payloads = dict(self._db.execute(
             "SELECT id, payload FROM tasks WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(chosen_ids),)))
@@ -480,6 +487,20 @@ Row = tuple[str, str, str | None, str | None, str | None]
 """A draw candidate: (id, source, parent_id, signal, focus_tool)."""
 
 
+def weight_kind(row: Row, config: BatchMix) -> str:
+    """Which of `signal_weights`' kinds weighs a synthetic row: `unexplored` for a task made for a tool D_0 never
+    calls (when that kind is weighed), else the signal of the context it came from (`random` for none)."""
+    _, _, _, signal, focus_tool = row
+    return UNEXPLORED if focus_tool and UNEXPLORED in config.signal_weights else signal or RANDOM_SIGNAL
+
+
+def idle_weights(rows: Sequence[Row], config: BatchMix) -> list[str]:
+    """The kinds `config.signal_weights` weighs (a weight other than 1) that no synthetic row carries: weights with
+    nothing to act on in this draw."""
+    present = {weight_kind(row, config) for row in rows if row[1] == "synthetic"}
+    return sorted(kind for kind, weight in config.signal_weights.items() if weight != 1.0 and kind not in present)
+
+
 def draw(
     rows: Sequence[Row],
     count: int,
@@ -499,8 +520,7 @@ def draw(
         weight = weights.get(task_id, 1.0)
         _check_weight(weight, f"weight of task {task_id}")
         if source == "synthetic":
-            kind = UNEXPLORED if focus_tool and UNEXPLORED in config.signal_weights else signal or RANDOM_SIGNAL
-            weight *= config.signal_weights.get(kind, 1.0)
+            weight *= config.signal_weights.get(weight_kind(row, config), 1.0)
         u = rng.random()  # drawn for every row, weight 0 or not, so one task's weight never shifts another's key
         if weight > 0:
             # log(u^(1/w)) = log(u)/w: same order as u^(1/w), without underflow to 0 for small weights

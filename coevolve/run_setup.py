@@ -355,7 +355,8 @@ def summary_table(summary: Mapping[str, Any]) -> str:
 # The console: a progress bar and one line per iteration; the libraries' chatter goes to run.log
 # --------------------------------------------------------------------------------------------------------------
 
-LIBRARY_LOGGERS = ("transformers", "trl", "accelerate", "datasets", "peft", "mcp")
+LIBRARY_LOGGERS = ("transformers", "trl", "accelerate", "datasets", "peft", "mcp", "coevolve")
+"""Loggers whose records go to run.log during a run; `coevolve` is the loop's own notes (`Run.note_once`)."""
 
 
 @contextmanager

@@ -434,3 +434,24 @@ def test_coevolves_figures_reach_trackio_offline(tmp_path, ls_policy_dir, tasks_
     assert [row["train/global_step"] for row in ours] == [0, 1, 2]
     assert any("train/loss" in row or "train/reward" in row for row in logs)  # TRL's own metrics, in the same run
     assert all(row["coevolve/pool/seed"] == 4 for row in ours)
+
+
+def test_a_weight_with_nothing_to_weigh_is_said_once_on_the_console_and_in_run_log(tmp_path, ls_policy_dir,
+                                                                                  tasks_file):
+    said: list[str] = []
+    out = tmp_path / "run"
+    run(None, settings(ls_policy_dir, tasks_file, "static", "loop.signal_weights={unexplored: 10}"), str(out),
+        say=said.append)
+    notes = [line for line in said if "loop.signal_weights.unexplored = 10" in line]
+    assert len(notes) == 1 and "weighed nothing in iteration 1's draw" in notes[0]  # two iterations, said once
+    assert (out / "run.log").read_text().count("loop.signal_weights.unexplored = 10") == 1
+
+
+def test_idle_weights_by_hand():
+    from coevolve.pool import BatchMix, idle_weights
+
+    rows = [("a", "seed", None, None, None), ("b", "synthetic", "a", "boundary", None),
+            ("c", "synthetic", "a", "rare", "cat")]
+    weighed = BatchMix(signal_weights={"boundary": 2.0, "forgetting": 3.0, "rare": 1.0, "unexplored": 5.0})
+    assert idle_weights(rows, weighed) == ["forgetting"]  # rare's weight is 1: nothing to say; c is unexplored
+    assert idle_weights(rows[:1], weighed) == ["boundary", "forgetting", "unexplored"]
