@@ -567,6 +567,9 @@ def _run(config: Config, directory: Path, process: Any, started: float, resume: 
                 say(f"trained steps {plan.checkpoint_step + 1}..{final}")
             save_final(state, tokenizer)
         records = state.metrics_log.read()
+        if config.grpo.guidance != "off" and state.is_main and not any(r.get("guided") for r in records):
+            state.note_once("grpo.guidance: no group was guided in this run (every group had a success or no "
+                            "solution), so the switch changed nothing")
         sizes = pool_sizes(pool, pool.latest_iteration() or 0)
     result = RunResult(directory, plan.checkpoint_step, final, time.perf_counter() - started, first_heldout(records),
                        last_heldout(records))

@@ -455,3 +455,13 @@ def test_idle_weights_by_hand():
     weighed = BatchMix(signal_weights={"boundary": 2.0, "forgetting": 3.0, "rare": 1.0, "unexplored": 5.0})
     assert idle_weights(rows, weighed) == ["forgetting"]  # rare's weight is 1: nothing to say; c is unexplored
     assert idle_weights(rows[:1], weighed) == ["boundary", "forgetting", "unexplored"]
+
+
+def test_guidance_that_guided_groups_is_not_said_to_have_changed_nothing(tmp_path, ls_policy_dir, tasks_file):
+    """The run's end notes a guidance that guided no group; here it guided some (metrics.jsonl): no such note."""
+    said: list[str] = []
+    out = tmp_path / "run"
+    run(None, settings(ls_policy_dir, tasks_file, "static", "grpo.guidance=solution"), str(out), say=said.append)
+    guided = sum(row.get("guided", 0) for row in read_jsonl(out / "metrics.jsonl"))
+    notes = [line for line in said if line.startswith("note: grpo.guidance")]
+    assert guided > 0 and not notes
