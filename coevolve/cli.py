@@ -167,7 +167,7 @@ class _WithTasks(Env):
 
 def _task_file(path: str, env_name: str, check_task: Any = None) -> list:
     from coevolve.jsonl import jsonl_rows
-    from coevolve.records import Task
+    from coevolve.records import task_record
 
     try:
         rows = list(jsonl_rows(Path(path)))
@@ -178,11 +178,9 @@ def _task_file(path: str, env_name: str, check_task: Any = None) -> list:
     tasks = []
     for number, row in rows:
         try:
-            task = Task.from_dict(row)
-        except (KeyError, TypeError, ValueError, AttributeError) as error:
-            raise UsageError(f"--tasks {path}:{number}: not a task record ({error!r})") from None
-        if task.env != env_name:
-            raise UsageError(f"--tasks {path}:{number}: a task of env {task.env!r}, not {env_name!r}")
+            task = task_record(row, env_name)
+        except ValueError as error:
+            raise UsageError(f"--tasks {path}:{number}: {error}") from None
         problem = check_task(task) if check_task is not None else None
         if problem:
             raise UsageError(f"--tasks {path}:{number}: {problem}")

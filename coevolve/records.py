@@ -167,6 +167,18 @@ class Task(_JsonRecord):
         )
 
 
+
+def task_record(row: Any, env_name: str) -> Task:
+    """A task record read from a file (`Task.to_dict`'s form), for env `env_name`; ValueError says why it is not one:
+    "not a task record (...)" or "a task of env X, not Y"."""
+    try:
+        task = Task.from_dict(row)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise ValueError(f"not a task record ({type(error).__name__}: {error})") from None
+    if task.env != env_name:
+        raise ValueError(f"a task of env {task.env!r}, not {env_name!r}")
+    return task
+
 # ---------------------------------------------------------------------------------------------------------------
 # Acting in an environment
 # ---------------------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 
 from coevolve.envs.base import EMPTY_RESULTS
 from coevolve.jsonl import jsonl_rows
-from coevolve.records import Task
+from coevolve.records import Task, task_record
 
 
 class EnvDefinitionError(ValueError):
@@ -133,11 +133,9 @@ def _task_record(row: dict, where: str, env_name: str, checks: bool) -> Task:
     """A task record (`Task.to_dict`, what a run's pool exports) checked for this env: the same env, user turns of
     text, a ground truth of call strings, probe calls only where the env takes them."""
     try:
-        task = Task.from_dict(row)
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
-        raise EnvDefinitionError(f"{where}: not a task record ({type(error).__name__}: {error})") from None
-    if task.env != env_name:
-        raise EnvDefinitionError(f"{where}: a task of env {task.env!r}, not {env_name!r}")
+        task = task_record(row, env_name)
+    except ValueError as error:
+        raise EnvDefinitionError(f"{where}: {error}") from None
     if not task.turns or not all(isinstance(turn, (list, tuple)) and all(
             isinstance(message, dict) and message.get("role") == "user" and isinstance(message.get("content"), str)
             for message in turn) for turn in task.turns):
