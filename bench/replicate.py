@@ -173,8 +173,11 @@ COEVOLVE_ARMS = ("coevolve", "coevolve + unexplored weight", "coevolve + unexplo
 ABLATIONS = ("oracle data + guidance", "coevolve w/o unexplored", "coevolve w/o guidance", "steered w/o curriculum",
              "steered w/o states")
 ABLATION_OF = {"coevolve w/o unexplored": "coevolve", "coevolve w/o guidance": "coevolve",
-               "steered w/o curriculum": "coevolve steered", "steered w/o states": "coevolve steered"}
-"""The arm each ablation turns one switch off in: the goal lines say what the switch adds, arm - ablation."""
+               "steered w/o curriculum": "coevolve steered", "steered w/o states": "coevolve steered",
+               "random + curriculum": "coevolve steered"}
+"""The arm each ablation turns one switch off in: the goal lines say what the switch adds, arm - ablation.
+`random + curriculum` is `coevolve steered` with random contexts instead of signal and state ones (the same draw):
+what steering exploration adds over chance, the method's claim itself."""
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
