@@ -291,7 +291,9 @@ def validate_candidates(run: "Run", t: int, abstracted: Stage, deadline: Deadlin
     """7. Every candidate executed in a fresh episode and checked; a verdict with reasons for each."""
     if not abstracted.items:
         return Stage((), {}, 0.0)
-    validator = Validator(run.env, run.config.synthesis.validation(), known=run.pool.tasks_at(max(t - 1, 0)))
+    heldout = () if run.config.loop.allow_heldout_overlap else run.eval_tasks  # D_t never holds a held-out task
+    validator = Validator(run.env, run.config.synthesis.validation(), known=run.pool.tasks_at(max(t - 1, 0)),
+                          heldout=heldout)
     return validate(abstracted.items, validator, t, deadline)
 
 

@@ -35,6 +35,8 @@ Stage 3, execution (a fresh episode from the candidate's initial state, one call
                        for an action state (`cat@folder`, `signals.unexplored_states`) whose last call does the
                        same alone, from the start: it does not need the state
     unsolvable         the env's own score of the solution (its checks, with the solution as ground truth) < 1
+    held_out           the same task as one of the held-out set (its id, or its start and first query): D_t never
+                       holds a held-out task (an equality test only; nothing is learnt from the held-out set)
 
 `task_similarity` = (query_similarity + solution_similarity) / 2, where query_similarity is the Jaccard index of
 the normalised queries' word sets and solution_similarity is difflib's ratio 2M/T over the sequences of
@@ -65,7 +67,7 @@ from coevolve.states import is_state_pattern
 
 REJECTION_CODES = ("malformed", "too_large", "private_function", "unparseable", "unknown_function", "path_escape",
                    "unsafe_argument", "duplicate", "execution_error", "no_effect", "redundant", "not_reproducible",
-                   "order_free", "unsolvable")
+                   "order_free", "unsolvable", "held_out")
 PER_TASK_META_KEYS = ("num_calls",)
 """Metadata that describes a task's solution rather than its starting point (BFCL-lite's size note)."""
 
@@ -181,8 +183,12 @@ class Validation:
 class Validator:
     """Validates candidates for one env against the known tasks (see the module docstring)."""
 
-    def __init__(self, env: Env, config: ValidationConfig = ValidationConfig(), known: Iterable[Task] = ()) -> None:
+    def __init__(self, env: Env, config: ValidationConfig = ValidationConfig(), known: Iterable[Task] = (),
+                 heldout: Sequence[Task] = ()) -> None:
+        """`heldout`: tasks a candidate must not be (the same id, or the same start and first query): D_t never
+        holds a held-out task, so `loop.d0: explored` cannot end in the overlap refusal after its pass wrote."""
         self.env = env
+        self._heldout = list(heldout)
         self.config = config
         self._unsafe = [re.compile(pattern, re.IGNORECASE) for pattern in config.unsafe_patterns]
         self._limits = CallLimits(max_chars=config.max_call_chars)
@@ -238,6 +244,14 @@ class Validator:
         provenance = Provenance("synthetic", candidate.parent_task_id, candidate.signal, candidate.episode_id,
                                 iteration, "accepted", candidate.focus_tool)
         task = candidate_task(candidate, provenance)
+        if self._heldout:
+            from coevolve.run_setup import heldout_overlap
+
+            shared = heldout_overlap([task], self._heldout)
+            if shared:
+                reason = f"held_out: the same task as held-out task {shared[0].name[:60]!r}"
+                return Validation(candidate, Verdict(candidate.id, False, (reason,)), None,
+                                  time.perf_counter() - started)
         self.remember([task], executed=self.config.check_execution)
         return Validation(candidate, Verdict(candidate.id, True, (), task.id), task, time.perf_counter() - started)
 

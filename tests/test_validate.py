@@ -240,3 +240,14 @@ def test_an_equivalent_solution_is_a_duplicate(lite):
     # The seed task's own outcome counts too (executed once, when first needed).
     seed_again = validator.validate(_candidate(task, list(task.ground_truth[0]), query="Completely other words."))
     assert seed_again.verdict.codes == ("duplicate",) and task.id in seed_again.verdict.reasons[0]
+
+
+def test_a_candidate_that_is_a_held_out_task_is_rejected_with_its_own_reason(lite):
+    """D_t never holds a held-out task, so `loop.d0: explored` cannot end in the overlap refusal after its pass."""
+    env, task = lite
+    query = task.turns[0][0]["content"]
+    solution = [call for turn in task.ground_truth for call in turn]
+    same = Candidate.create(task.env, "test", "  " + query.upper() + " ", solution, task.initial_state, task.meta)
+    verdict = Validator(env, heldout=[task]).validate(same).verdict
+    assert not verdict.accepted and verdict.codes == ("held_out",) and task.name in verdict.reasons[0]
+    assert Validator(env).validate(same).verdict.accepted  # the same candidate with no held-out set
