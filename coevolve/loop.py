@@ -198,7 +198,7 @@ def sample_tasks(run: "Run", t: int) -> list[Task]:
         weights.update(dict.fromkeys((task.id for task in run.pool.tasks_at(0, "seed")), 0.0))
     mix = BatchMix(loop.synthetic_fraction, loop.signal_weights)
     drawn = run.pool.sample(t - 1, run.slots - len(recurring), rng_seed=seed, config=mix, weights=weights)
-    for kind in run.pool.idle_weights(t - 1, mix):  # a weight with nothing to weigh changes nothing: said once
+    for kind in run.pool.idle_weights(t - 1, mix) if loop.signal_weights else ():  # nothing to weigh: said once
         run.note_once(f"loop.signal_weights.{kind} = {loop.signal_weights[kind]:g}: no task of D_{t - 1} comes from "
                       f"a `{kind}` context, so it weighed nothing in iteration {t}'s draw (it acts once one is admitted)")
     tasks = recurring + drawn

@@ -194,7 +194,7 @@ class ChatRenderer:
     `enable_thinking=False`: an empty think block in the prompt, not written by the model)."""
     _template_tools: bool | None = field(default=None, repr=False)
     _suffix: str | None = field(default=None, repr=False)
-    _controls: tuple[Any, list[str]] | None = field(default=None, repr=False)
+    _controls: tuple[Any, list[str], dict[str, str], set[int]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.reply_format not in ("hermes", "python", "code"):
@@ -289,26 +289,27 @@ class ChatRenderer:
         return [{"role": "tool", "name": name, "content": observation} for name, observation in observations]
 
     # -- tokens ---------------------------------------------------------------------------------------------
-    def _control_texts(self) -> tuple[Any, list[str]]:
-        """(a pattern matching any added token's text, those texts by marker index), longest first."""
+    def _control_texts(self) -> tuple[Any, list[str], dict[str, str], set[int]]:
+        """(a pattern matching any added token's text, those texts by marker index, text -> its marker, the added
+        token ids), longest first; computed once per renderer."""
         if self._controls is None:
             decoder = getattr(self.tokenizer, "added_tokens_decoder", None) or {}
             texts = sorted({str(getattr(token, "content", token)) for token in decoder.values()} - {""},
                            key=lambda text: (-len(text), text))
             pattern = re.compile("|".join(re.escape(text) for text in texts)) if texts else None
-            self._controls = (pattern, texts)
+            markers = {text: chr(MARKER_BASE + position) for position, text in enumerate(texts)}
+            self._controls = (pattern, texts, markers, set(decoder))
         return self._controls
 
     def guard(self, value: Any) -> Any:
         """`value` (a string, or messages and tools holding strings) with every control-token text in it
         replaced by its marker, so that only the template itself writes control tokens (see the module notes)."""
         if isinstance(value, str):
-            pattern, texts = self._control_texts()
+            pattern, _, markers, _ = self._control_texts()
             value = _MARKERS.sub("\ufffd", value)  # a marker character in the input itself means nothing
             if pattern is None:
                 return value
-            index = {text: position for position, text in enumerate(texts)}
-            return pattern.sub(lambda match: chr(MARKER_BASE + index[match.group(0)]), value)
+            return pattern.sub(lambda match: markers[match.group(0)], value)
         if isinstance(value, Mapping):
             return {key: self.guard(item) for key, item in value.items()}
         if isinstance(value, (list, tuple)):
@@ -349,8 +350,7 @@ class ChatRenderer:
     def plain_ids(self, text: str) -> list[int]:
         """`text` as plain-text tokens: no added token (special or not) among them, whatever the text holds."""
         ids = list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
-        added = set(getattr(self.tokenizer, "added_tokens_decoder", None) or {})
-        if not added.intersection(ids):
+        if not self._control_texts()[3].intersection(ids):
             return ids
         # A non-special added token (Qwen's `</tool_response>`) is matched even so: one character at a time.
         return [token for character in text
