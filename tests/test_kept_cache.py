@@ -118,3 +118,40 @@ def test_outside_a_rollout_nothing_is_kept(tiny_model, tokenizer):
     backend.generate([prompt + list(reply.token_ids)], SamplingConfig(temperature=0, max_new_tokens=4), [])
     assert backend.prefill_tokens - before == len(prompt) + len(reply.token_ids)
     assert backend._kept is None
+
+
+def test_rows_leaving_in_place_sample_exactly_what_a_new_room_samples(tiny_model, tokenizer):
+    """Requests leaving the batch at different steps: the kept rows moved down inside the room give the very
+    tokens and log-probabilities (bit for bit) that copying them into a new room gives, kept caches included."""
+    prompts = [tokenizer(text)["input_ids"] for text in ("one", "a second prompt", "the third, longest prompt here",
+                                                         "four", "one")]
+    budgets = [2, 7, 4, 9, 1]  # every row leaves at its own step; the last two leave first and in the middle
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=9, seed=5)
+    results = []
+    for in_place in (True, False):
+        backend = TransformersBackend(tiny_model, tokenizer, compact_in_place=in_place)
+        with backend.episode_caches():
+            first = backend.generate(prompts, sampling, [], budgets=budgets)
+            grown = [p + list(g.token_ids) + tokenizer(" more")["input_ids"] for p, g in zip(prompts, first)]
+            second = backend.generate(grown, sampling, [], budgets=list(reversed(budgets)))
+        results.append([(g.token_ids, g.logprobs, g.finish_reason) for g in first + second])
+    assert results[0] == results[1]
+    assert [len(tokens) for tokens, _, _ in results[0][:5]] == budgets
+
+
+def test_in_place_compaction_keeps_the_room_and_moves_only_later_rows(tiny_model, tokenizer):
+    import torch
+
+    backend = TransformersBackend(tiny_model, tokenizer)
+    cache = backend._new_cache()
+    layer = cache.layers[0]
+    keys = torch.arange(4 * 2 * 3 * 2, dtype=torch.float32).reshape(4, 2, 3, 2)
+    layer.update(keys, -keys)
+    room = layer.key_room
+    layer.batch_select_indices(torch.tensor([0, 2, 3]))
+    assert layer.key_room is room  # no new room
+    assert torch.equal(layer.keys, keys[[0, 2, 3]]) and torch.equal(layer.values, -keys[[0, 2, 3]])
+    layer.update(keys[:3, :, :1], keys[:3, :, :1])  # the next token lands after the moved rows' slots
+    assert layer.keys.shape == (3, 2, 4, 2) and torch.equal(layer.keys[:, :, 3], keys[:3, :, 0])
+    layer.batch_select_indices(torch.tensor([1, 0]))  # not increasing: a new room, as transformers does it
+    assert layer.key_room is not room and torch.equal(layer.keys[0, :, :3], keys[2])
