@@ -83,7 +83,9 @@ def category(name: str, shapes: list, vocabulary: int) -> str:
         return "sampling"
     if name in COPIES:
         return "cache copies"
-    if name in ELEMENTWISE or name.endswith("Backward0") or name.startswith("aten::_fused"):
+    if name.startswith("autograd::") or name.endswith(("Backward0", "Backward1")):
+        return "other ops"  # the engine's wrappers: the products and elementwise ops they run are their children
+    if name in ELEMENTWISE or name.startswith("aten::_fused"):
         return "norms and elementwise"
     return "other ops"
 
