@@ -72,6 +72,7 @@ bench: venv
 	$(BIN)/python bench/step_time.py
 	$(BIN)/python bench/profile_step.py
 	$(BIN)/python bench/decode_levers.py
+	$(BIN)/python bench/flat_micro_batch.py
 	$(BIN)/python bench/replicate_jobs.py
 
 # GPU hosts: vLLM vs transformers rollouts and one loop iteration (bench/gpu.sh builds .venv-gpu; set WHEELHOUSE

@@ -111,3 +111,20 @@ def permuted(value: Any, order: list[int]) -> Any:
     if hasattr(value, "ndim"):
         return value[order]
     return [value[i] for i in order]
+
+
+def zero_gradient_loss(model: Any) -> Any:
+    """The loss of a micro-batch whose every advantage is zero, without a pass over the weights: each trainable
+    weight with no gradient yet gets an exact zero one (what the surrogate's backward would give it; a gradient
+    already there from an earlier micro-batch is left as it is, as adding zero would), and the returned zero is a
+    leaf of its own, so the trainer's `backward()` runs and touches nothing else. The optimizer step then sees the
+    same gradients (so AdamW's moments and weight decay move as they would). `sum((w * 0).sum() ...)` did the same
+    through autograd at the cost of a product over every weight forward and another backward: on the quickstart,
+    whose steps are often all flat, that was the whole loss time (BENCHMARKS.md "Where a step's seconds go")."""
+    device = None
+    for weight in model.parameters():
+        if weight.requires_grad:
+            device = weight.device
+            if weight.grad is None:
+                weight.grad = torch.zeros_like(weight)
+    return torch.zeros((), device=device, requires_grad=True)

@@ -130,3 +130,48 @@ def test_flat_groups_go_last_and_stay_whole():
     assert flat_groups_last([0.5, -0.5, 0.0, 0.0, 0.0, 1e-3], 2) == [0, 1, 4, 5, 2, 3]
     assert flat_groups_last(torch.tensor([0.0, 0.0, 1.0, -1.0]), 2) == [2, 3, 0, 1]
     assert flat_groups_last([0.0, 0.0, 0.0], 2) == [0, 1, 2]  # not whole groups: left alone
+
+
+def _two_layers(seed: int):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    model[0].bias.requires_grad_(False)  # a frozen weight keeps no gradient either way
+    return model
+
+
+def _step(model, flat_loss, signal_first: bool):
+    """One AdamW step (weight decay on) over micro-batches: one with a signal then a flat one, or a flat one only."""
+    optimizer = torch.optim.AdamW([w for w in model.parameters() if w.requires_grad], lr=0.1, weight_decay=0.5)
+    for _ in range(2):
+        if signal_first:
+            model(torch.linspace(-1, 1, 12).view(2, 6)).square().sum().backward()
+        flat_loss(model).backward()
+        grads = [None if w.grad is None else w.grad.clone() for w in model.parameters()]
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return grads, [w.detach().clone() for w in model.parameters()], optimizer.state_dict()["state"]
+
+
+def test_a_flat_micro_batch_leaves_the_gradients_and_the_step_the_autograd_zero_gives():
+    """`zero_gradient_loss` against the loss it replaced, `sum((w * 0).sum())`: the same gradients (zero where no
+    micro-batch had a signal, untouched where one had), the same weights and AdamW moments after two steps, and a
+    frozen weight without a gradient."""
+    from coevolve.prefix import zero_gradient_loss
+
+    def autograd_zero(model):
+        return sum((weight * 0).sum() for weight in model.parameters() if weight.requires_grad)
+
+    for signal_first in (True, False):
+        old_grads, old_weights, old_state = _step(_two_layers(3), autograd_zero, signal_first)
+        new_grads, new_weights, new_state = _step(_two_layers(3), zero_gradient_loss, signal_first)
+        assert old_grads[1] is None and new_grads[1] is None
+        for old, new in zip(old_grads, new_grads):
+            assert (old is None) == (new is None) and (old is None or torch.equal(old, new))
+        assert any(g is not None and bool(g.ne(0).any()) for g in new_grads) == signal_first
+        for old, new in zip(old_weights, new_weights):
+            assert torch.equal(old, new)
+        assert old_state.keys() == new_state.keys()
+        for key in old_state:
+            for name in ("exp_avg", "exp_avg_sq"):
+                assert torch.equal(old_state[key][name], new_state[key][name])
+    assert zero_gradient_loss(_two_layers(0)).item() == 0.0

@@ -353,7 +353,8 @@ def _trainer_class() -> type:
     from trl import GRPOTrainer
     from trl.trainer.grpo_trainer import split_pixel_values_by_grid, split_tensor_dict, unsplit_pixel_values_by_grid
 
-    from coevolve.prefix import MIN_SHARED_TOKENS, flat_groups_last, permuted, shared_prefix_length, shared_prefix_logps
+    from coevolve.prefix import (MIN_SHARED_TOKENS, flat_groups_last, permuted, shared_prefix_length,
+                                 shared_prefix_logps, zero_gradient_loss)
 
     class CoevolveGRPOTrainer(GRPOTrainer):
         """TRL's trainer, with a task order that survives a resume, and (in one process) less work for the same
@@ -417,15 +418,15 @@ def _trainer_class() -> type:
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             """TRL's loss, except that a micro-batch whose advantages are all zero (every group in it scored alike)
             is not run through the model when nothing else is in the loss (beta = 0, no entropy bonus, no MoE
-            auxiliary loss): its clipped-surrogate loss is exactly 0 and so is its gradient. It still returns a
-            zero connected to every trainable weight, so the step's gradients exist (and are zero) as TRL's would
-            be: AdamW's moments then move as they would have."""
+            auxiliary loss): its clipped-surrogate loss is exactly 0 and so is its gradient. Every trainable weight
+            still gets its (zero) gradient, as TRL's would (`zero_gradient_loss`): AdamW's moments then move as
+            they would have."""
             flat = (self.coevolve_skip_flat and self.single_process() and self.beta == 0.0
                     and not self._entropy_bonus_enabled and not self.aux_loss_enabled and not return_outputs
                     and not bool(inputs["advantages"].ne(0).any()))
             self._metrics["train"]["skipped_flat_micro_batches"].append(float(flat))
             if flat:
-                return sum((weight * 0).sum() for weight in model.parameters() if weight.requires_grad)
+                return zero_gradient_loss(model)
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
 
