@@ -111,7 +111,7 @@ def main() -> None:
     for r in results:
         if r["clocked"]:
             per_step = {p: r["parts"][p] / max(1, r["steps"]) for p in ("rollout", "loss", "optimizer", "logging")}
-            lines.append(f"- {r['config']}: per step {', '.join(f'{p} {s:.2f} s' for p, s in per_step.items())}; "
+            lines.append(f"- {r['config']} ({r['code']}): per step {', '.join(f'{p} {s:.2f} s' for p, s in per_step.items())}; "
                          f"per iteration save {r['parts']['save'] / max(1, r['iterations']):.2f} s and resume "
                          f"{r['parts']['resume'] / max(1, r['iterations']):.2f} s; per held-out pass "
                          f"{r['phases'].get('eval', 0.0) / max(1, r['evals']):.1f} s.")
@@ -122,6 +122,7 @@ def main() -> None:
             lines.append(f"- {name}: baseline / this commit wall seconds **{base['wall'] / ours['wall']:.2f}x** "
                          f"({base['wall']:.0f} s -> {ours['wall']:.0f} s).")
     body = "\n".join(table + [""] + lines)
+    baseline_flag = "--no-baseline" if args.no_baseline else f"--baseline {args.baseline}"
     print(body)
     markdown = f"""## Where a GRPO step's seconds go (`bench/step_time.py`)
 
@@ -129,7 +130,7 @@ Question: of a run of the shipped CPU configs, what do rollouts, the loss's forw
 logging, checkpoint save and reload, and held-out evaluation cost; and the wall time against the code of
 {args.baseline} in the same run of this script?
 
-Command: `python bench/step_time.py --configs {' '.join(args.configs)}` ({machine_line()}). One `coevolve train
+Command: `python bench/step_time.py --configs {' '.join(args.configs)} {baseline_flag}` ({machine_line()}). One `coevolve train
 --config configs/NAME.yaml` per row, after setup, float32 as shipped. Parts from the run's step clock
 (`coevolve.train.calls`): `loss` = TRL's log-probability passes, advantages, the loss's forward and backward;
 `resume` = the start of each iteration's `train()` call up to its first step (the checkpoint's optimizer,
