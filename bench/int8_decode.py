@@ -49,6 +49,48 @@ def quantized(model, head: bool):
                                                   dtype=torch.qint8)
 
 
+def weights_rounded(model):
+    """A float32 copy whose decoder linear weights went through int8 and back (per-row scales): the mismatch of
+    weight-only int8, with activations left in float32, to tell the weights' share of the gap from the activations'."""
+    import torch
+
+    copied = copy.deepcopy(model)
+    with torch.no_grad():
+        for module in copied.modules():
+            if isinstance(module, torch.nn.Linear) and module is not copied.get_output_embeddings():
+                scales = module.weight.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127
+                module.weight.copy_(torch.round(module.weight / scales).clamp(-127, 127) * scales)
+    return copied
+
+
+def weight_only_kernel(model, rows: int, repeats: int) -> tuple[float, float] | None:
+    """Best seconds of torch's weight-only int8 matrix kernel (`_weight_int8pack_mm`) against float32's linear over
+    the decoder's linear shapes at `rows` rows; None where this build has no such kernel."""
+    import torch
+
+    shapes = {tuple(m.weight.shape) for m in model.modules()
+              if isinstance(m, torch.nn.Linear) and m is not model.get_output_embeddings()}
+    total = {"float32": 0.0, "int8": 0.0}
+    for out_features, in_features in shapes:
+        weight, x = torch.randn(out_features, in_features), torch.randn(rows, in_features)
+        scales = weight.abs().amax(dim=1) / 127
+        packed = torch.round(weight / scales[:, None]).to(torch.int8)
+        runs = {"float32": lambda: torch.nn.functional.linear(x, weight),
+                "int8": lambda: torch._weight_int8pack_mm(x, packed, scales)}
+        for name, run in runs.items():
+            try:
+                run()
+            except (RuntimeError, AttributeError):
+                return None
+            best = float("inf")
+            for _ in range(repeats):
+                started = time.perf_counter()
+                run()
+                best = min(best, time.perf_counter() - started)
+            total[name] += best
+    return total["float32"], total["int8"]
+
+
 def prompt_ids(tokenizer, rows: int, length: int):
     import torch
 
@@ -133,14 +175,23 @@ def main() -> None:
         rows_table.append(f"| {rows} | {args.past} | {best['float32'] * 1e3:.1f} | " + " | ".join(
             f"{best[label] * 1e3:.1f} | {best['float32'] / best[label]:.2f}x" for label in labels) + " |")
         print(rows_table[-1], flush=True)
-    gaps = {label: mismatch(model, models[label], tokenizer, rows=min(args.rows[-1], 16), tokens=args.tokens)
-            for label in labels}
+    scored = {**{label: models[label] for label in labels}, "weight-only int8 (float32 activations)":
+              weights_rounded(model)}
+    gaps = {label: mismatch(model, other, tokenizer, rows=min(args.rows[-1], 16), tokens=args.tokens)
+            for label, other in scored.items()}
     gap_lines = "\n".join(
-        f"- {label}: quantizing the float32 model (a fresh copy, what each optimizer step would redo) "
-        f"**{quantize_seconds[label]:.2f} s**; of {gap['tokens']} tokens sampled from the float32 model at temperature "
+        f"- {label}: " + (f"quantizing the float32 model (a fresh copy, what each optimizer step would redo) "
+                          f"**{quantize_seconds[label]:.2f} s**; " if label in quantize_seconds else "") +
+        f"of {gap['tokens']} tokens sampled from the float32 model at temperature "
         f"1, mean |log p_float32 - log p_int8| {gap['mean_abs_logp']:.3f} (max {gap['max_abs_logp']:.2f}), mean "
         f"ratio p_float32 / p_int8 {gap['ratio_mean']:.3f}, **{gap['clipped']:.1%}** outside [0.5, 2]."
         for label, gap in gaps.items())
+    kernel = weight_only_kernel(model, 16, args.repeats)
+    kernel_line = ("- torch's weight-only int8 kernel (`_weight_int8pack_mm`, what would keep activations in float32) "
+                   "is not in this build." if kernel is None else
+                   f"- torch's weight-only int8 kernel (`_weight_int8pack_mm`, what would keep activations in "
+                   f"float32) over the decoder's linear shapes at 16 rows: {kernel[1] * 1e3:.2f} ms against "
+                   f"float32's {kernel[0] * 1e3:.2f} ms (**{kernel[0] / kernel[1]:.2f}x**).")
     text = f"""## int8 weights for decoding, before building the lever (`bench/int8_decode.py`)
 
 Question: how much faster is a decode step with dynamic-int8 linear layers than in float32, what does quantizing the
@@ -155,6 +206,7 @@ interleaved decode steps per model after a {args.past}-token prefill (module doc
 {chr(10).join(rows_table)}
 
 {gap_lines}
+{kernel_line}
 """
     print(text)
     if not args.no_write:
