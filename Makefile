@@ -75,6 +75,7 @@ bench: venv
 	$(BIN)/python bench/flat_micro_batch.py
 	$(BIN)/python bench/loss_roofline.py
 	$(BIN)/python bench/int8_decode.py
+	$(BIN)/python bench/async_save.py
 	$(BIN)/python bench/replicate_jobs.py
 
 # GPU hosts: vLLM vs transformers rollouts and one loop iteration (bench/gpu.sh builds .venv-gpu; set WHEELHOUSE

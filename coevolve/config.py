@@ -47,6 +47,9 @@ class RunSection:
     save_steps: int = 10
     """Checkpoint every N optimizer steps (and at the end)."""
     save_total_limit: int | None = 2
+    async_save: bool = False
+    """Write checkpoints in a background thread from a copy in memory (`coevolve.train.checkpoints`): training
+    goes on while they are written; the same files. One process only (several save as transformers does)."""
     seed: int = 0
     logging_steps: int = 1
     report_to: tuple[str, ...] = ()

@@ -130,7 +130,7 @@ from coevolve.train.trackers import report_iteration
 from coevolve.states import new_state_tasks, state_coverage
 from coevolve.synthesis import (Deadline, Stage, SynthesisResult, abstract, build_abstractor, build_explorer, explore,
                                 signal_contexts, synthesis_result, validate)
-from coevolve.train.calls import attach_trainer
+from coevolve.train.calls import attach_trainer, settle_checkpoint
 from coevolve.validate import Validator
 
 if TYPE_CHECKING:
@@ -371,6 +371,7 @@ def record_iteration(run: "Run", t: int, trajectories: Sequence[Trajectory], rep
                           CurriculumConfig.of(run.config.loop.curriculum).window).to_dict() if t else {},
         new_state_tasks(run.env.states, run.pool.tasks_at(0, "seed"), run.pool.tasks_at(t, "synthetic")) if t else {},
     )
+    settle_checkpoint(run.trainer)  # the commit names the iteration's last step: its checkpoint is on disk first
     run.metrics_log.append(metrics.to_dict())
     report_iteration(run.trainer, metrics.to_dict())  # to run.report_to's trackers, after the line: never twice
     if t == 0:

@@ -4,7 +4,8 @@
   our multi-turn engine), the trainer subclass, `GRPOConfig` from our config, the seam of TRL's private surface
   checked at start;
 - `coevolve.train.calls`: one `trainer.train()` call per iteration (`train_steps`), every callback (metrics, step
-  clock, checkpoint config, the console's bar), checkpoint I/O, and `attach_trainer`, which builds a run's trainer.
+  clock, checkpoint config, the console's bar), checkpoint I/O, and `attach_trainer`, which builds a run's trainer;
+- `coevolve.train.checkpoints`: checkpoints written by a background thread from a copy (`run.async_save`).
 The loop (`coevolve.loop`) calls these and holds the algorithm only; a verl backend would be another such package.
 """
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from coevolve.jsonl import JsonLines
+from coevolve.train.checkpoints import settle_checkpoint
 
 if TYPE_CHECKING:
     from coevolve.config import Config
@@ -135,6 +136,7 @@ def train_steps(trainer: Any, directory: Path, until_step: int, clock: Any = Non
                 control.should_training_stop = True
             return control
 
+    settle_checkpoint(trainer)  # under run.async_save the previous call's last checkpoint may still be in flight
     checkpoint = last_checkpoint(directory)
     stop = _StopAt()
     trainer.add_callback(stop)

@@ -59,6 +59,7 @@ from typing import Any, Callable, Iterator, Sequence
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental" in TRL; we know
 
 from coevolve.train.calls import CHECKPOINTS, checkpoint_step
+from coevolve.train.checkpoints import CheckpointWriter, applies
 from coevolve.config import Config, ConfigError, micro_batches
 from coevolve.envs.base import Env
 from coevolve.policy.backends import SamplingConfig
@@ -438,6 +439,13 @@ def _trainer_class() -> type:
                 return None
             return super()._load_from_checkpoint(resume_from_checkpoint, model)
 
+        def _save_checkpoint(self, model, trial):
+            """transformers' save, or under `run.async_save` a snapshot written in the background
+            (`coevolve.train.checkpoints`)."""
+            if self.coevolve_writer is None or trial is not None or not applies(self):
+                return super()._save_checkpoint(model, trial)
+            self.coevolve_writer.save(self)
+
         def create_optimizer(self, model=None):
             """TRL's AdamW, on fp32 copies of the weights under `grpo.master_weights` (`coevolve.master_weights`)."""
             from coevolve.master_weights import MasterWeightAdamW, with_master_weights
@@ -451,6 +459,7 @@ def _trainer_class() -> type:
         coevolve_skip_flat = True
         coevolve_shared_prefix = True
         coevolve_master_weights = False
+        coevolve_writer: CheckpointWriter | None = None
         coevolve_weights_at: int | None = None
         """The checkpoint step whose weights the model holds in memory (set by `train_steps`)."""
 
@@ -494,6 +503,7 @@ def build_trainer(config: Config, output_dir: Path, model_path: str, tokenizer: 
     trainer.coevolve_shared_prefix = config.grpo.shared_prefix
     trainer.coevolve_skip_flat = config.grpo.skip_flat_micro_batches
     trainer.coevolve_master_weights = config.grpo.master_weights
+    trainer.coevolve_writer = CheckpointWriter() if config.run.async_save else None
     check_trainer(trainer)
     if config.grpo.ref_model and config.grpo.beta > 0:
         _replace_reference(trainer, config)
@@ -543,10 +553,12 @@ OVERRIDDEN = {
     "_generate_and_score_completions": (),
     "compute_loss": ("model", "inputs", "return_outputs", "num_items_in_batch"),
     "_load_from_checkpoint": ("resume_from_checkpoint",),
+    "_save_checkpoint": ("model", "trial"),
+    "_save_rng_state": ("output_dir",),
 }
 """GRPOTrainer methods we override or call -> the parameters we pass or take."""
 TRAINER_ATTRIBUTES = ("_step", "_buffered_inputs", "_metrics", "_entropy_bonus_enabled", "aux_loss_enabled",
-                      "num_generations", "num_iterations", "beta", "use_vllm")
+                      "num_generations", "num_iterations", "beta", "use_vllm", "hp_search_backend")
 """Attributes of a built GRPOTrainer we read."""
 
 
