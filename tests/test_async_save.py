@@ -200,3 +200,17 @@ def test_a_loop_run_with_async_save_commits_iterations_whose_checkpoints_are_on_
     folder = out / "checkpoints"  # iteration 0 (before training) has none yet
     assert seen == [(None, None), (None, folder / "checkpoint-1"), (None, folder / "checkpoint-2")]
     assert [row["iteration"] for row in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())] == [0, 1, 2]
+
+
+def test_a_trainer_that_saves_collectively_keeps_transformers_save_and_says_so():
+    from coevolve.train.checkpoints import writer_for
+
+    def trainer(processes: int, metric: str | None = None) -> SimpleNamespace:
+        return SimpleNamespace(accelerator=SimpleNamespace(num_processes=processes), is_deepspeed_enabled=False,
+                               is_fsdp_enabled=False, hp_search_backend=None,
+                               args=SimpleNamespace(metric_for_best_model=metric, should_save=True, push_to_hub=False))
+
+    assert isinstance(writer_for(trainer(1)), CheckpointWriter)
+    for refused in (trainer(2), trainer(1, "eval_loss")):
+        with pytest.warns(RuntimeWarning, match="written as transformers writes them"):
+            assert writer_for(refused) is None

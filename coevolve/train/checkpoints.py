@@ -21,7 +21,8 @@ metrics line (`coevolve.loop.record_iteration`, the commit point), so a committe
 checkpoint on disk. A kill during the write leaves a folder without trainer_state.json, which resume skips, as
 after a kill during a synchronous save. A write that fails raises at the next wait, in the training thread, with the
 step named. The files hold the same values as a synchronous save (tested); the copies cost one model and one
-optimizer state of memory while a write runs.
+optimizer state of host memory while a write runs (on a GPU the copy is made to host memory, so device memory holds no
+second copy; transformers reads optimizer.pt to the CPU first either way).
 
 Where it does not apply the save stays transformers' own: several processes (DeepSpeed, FSDP and DDP save
 collectively), a best-model metric, hyperparameter search. Copying the state dict of a LoRA model copies its base
@@ -49,7 +50,7 @@ def clone_tensors(value: Any, memo: dict[tuple, Any] | None = None) -> Any:
         key = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape), tuple(value.stride()),
                value.dtype)
         if key not in memo:
-            memo[key] = value.detach().clone()
+            memo[key] = value.detach().to("cpu", copy=True)  # host memory: a GPU holds no second copy
         return memo[key]
     if isinstance(value, dict):
         return type(value)((k, clone_tensors(v, memo)) for k, v in value.items())
@@ -64,6 +65,16 @@ def applies(trainer: Any) -> bool:
     return (trainer.accelerator.num_processes == 1 and not trainer.is_deepspeed_enabled
             and not trainer.is_fsdp_enabled and args.metric_for_best_model is None
             and trainer.hp_search_backend is None and args.should_save and not args.push_to_hub)
+
+
+def writer_for(trainer: Any) -> "CheckpointWriter | None":
+    """The background writer for `run.async_save`, or None (said once) where the save must stay transformers'."""
+    if applies(trainer):
+        return CheckpointWriter()
+    warnings.warn("run.async_save: this trainer saves collectively or keeps a best model (several processes, "
+                  "DeepSpeed, FSDP, metric_for_best_model), so its checkpoints are written as transformers writes "
+                  "them", RuntimeWarning, stacklevel=2)
+    return None
 
 
 class CheckpointWriter:

@@ -59,7 +59,7 @@ from typing import Any, Callable, Iterator, Sequence
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental" in TRL; we know
 
 from coevolve.train.calls import CHECKPOINTS, checkpoint_step
-from coevolve.train.checkpoints import CheckpointWriter, applies
+from coevolve.train.checkpoints import CheckpointWriter, applies, writer_for
 from coevolve.config import Config, ConfigError, micro_batches
 from coevolve.envs.base import Env
 from coevolve.policy.backends import SamplingConfig
@@ -503,7 +503,7 @@ def build_trainer(config: Config, output_dir: Path, model_path: str, tokenizer: 
     trainer.coevolve_shared_prefix = config.grpo.shared_prefix
     trainer.coevolve_skip_flat = config.grpo.skip_flat_micro_batches
     trainer.coevolve_master_weights = config.grpo.master_weights
-    trainer.coevolve_writer = CheckpointWriter() if config.run.async_save else None
+    trainer.coevolve_writer = writer_for(trainer) if config.run.async_save else None
     check_trainer(trainer)
     if config.grpo.ref_model and config.grpo.beta > 0:
         _replace_reference(trainer, config)
