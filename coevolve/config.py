@@ -289,6 +289,9 @@ class SynthesisSection:
     episodes_per_context: int = ExploreConfig.episodes_per_context
     max_contexts: int = 16
     """Signal events explored per iteration (the kinds take turns: forgetting, boundary, rare, forgetting, ...)."""
+    rest_contexts: Literal["signal", "random"] = "signal"
+    """What explores after the contexts on states D_t lacks (`signals.unexplored_states`): the signal events (the
+    paper's steering) or, `random`, as many random tasks (random exploration's breadth; not the paper's)."""
     time_budget_seconds: float | None = None
     """Wall-clock cap of one synthesis phase; what is left when it runs out is skipped and counted."""
     focus_weight: float = ExploreConfig.focus_weight

@@ -69,7 +69,8 @@ Where this departs from the paper (the one list; the modules named say more):
    `states`: BFCL's working directory, other envs' arguments given) that D_{t-1}'s solutions and the iteration's
    rollouts reached fewer than `signals.rare_below` times; these contexts come before the kinds' turns of note 3;
    their exploration reaches the state first, on values it has observed, and abstraction keeps the shortest
-   solution whose last call acts there (`coevolve.states`).
+   solution whose last call acts there (`coevolve.states`). `synthesis.rest_contexts: random` (off by default)
+   explores random tasks instead of signal events after them, as many, so the three signals then steer no context.
 
 The run directory:
     config.yaml          the resolved config
@@ -82,8 +83,7 @@ The run directory:
                          (`state_tasks`)
     steps.jsonl          one line per optimizer step: TRL's loss/reward/KL/clip ratios + our rollout summary
     rollouts.jsonl       one line per trajectory trained on (iteration, step, calls, score, reasons, `guided`; no
-                         token ids);
-                         with N processes each writes its share (rollouts.pI.jsonl for process I > 0)
+                         token ids); with N processes each writes its share (rollouts.pI.jsonl for process I > 0)
     samples.jsonl        per iteration, the sample of D_{t-1} its slots stood for (samples.pI.jsonl likewise)
     heldout.jsonl        per evaluated iteration and held-out task: solved or not, the first failed check, the calls
     synthesis.jsonl      one line per candidate: signal -> flagged trajectories -> episode -> candidate -> verdict
@@ -268,7 +268,8 @@ def choose_contexts(run: "Run", t: int, report: SignalReport, trajectories: Sequ
     mode, cap = run.config.run.mode, run.config.synthesis.max_contexts
     tasks = {task.id: task for task in run.pool.tasks_at(t - 1)}
     if mode == "coevolve":
-        return signal_contexts(report.events, tasks, {tr.id: tr for tr in trajectories}, cap)
+        return signal_contexts(report.events, tasks, {tr.id: tr for tr in trajectories}, cap,
+                               run.config.synthesis.rest_contexts, t, run.config.run.seed)
     if mode == "random":  # the same budget as the signals would have spent, without their steering
         return random_contexts(list(tasks.values()), min(len(report.events), cap), t, run.config.run.seed)
     return []

@@ -37,10 +37,12 @@ FIXED_ON_RESUME = (
     "grpo.weight_decay", "grpo.warmup_steps", "grpo.lr_scheduler", "grpo.bf16", "grpo.master_weights",
     "grpo.mask_truncated", "grpo.guidance",
     "grpo.reward", "grpo.partial_credit", "lora", "loop.steps_per_iteration", "loop.synthetic_fraction",
-    "loop.signal_weights", "signals",
+    "loop.signal_weights", "loop.recur_fraction", "loop.sampler", "loop.curriculum", "loop.d0",
+    "loop.synthetic_contexts", "signals",
     "synthesis.explorer", "synthesis.abstractor", "synthesis.step_budget", "synthesis.episodes_per_context",
-    "synthesis.max_contexts", "synthesis.focus_weight", "synthesis.max_solution_calls", "synthesis.dedup_threshold",
-    "synthesis.check_execution", "synthesis.max_call_chars",
+    "synthesis.max_contexts", "synthesis.rest_contexts", "synthesis.focus_weight", "synthesis.max_solution_calls",
+    "synthesis.dedup_threshold",
+    "synthesis.check_execution", "synthesis.max_call_chars", "synthesis.focus_retries",
 )
 """What gives a step, a sample or a synthesized task its meaning: a resumed run must keep them (README lists what
 may change: run.max_steps, save and logging settings, held-out evaluation, time budgets, endpoints, vLLM)."""

@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 
 from coevolve.abstract import Abstraction, LLMAbstractor, TemplateAbstractor
 from coevolve.envs.base import Abstractor, Env, Explorer
-from coevolve.explore import LLMExplorer, OfflineExplorer, build_context
+from coevolve.explore import LLMExplorer, OfflineExplorer, build_context, random_contexts
 from coevolve.records import (SIGNAL_KINDS, Candidate, ExplorationContext, ExplorationEpisode, SignalEvent, Task,
                               Trajectory, Verdict)
 from coevolve.validate import Validation, Validator
@@ -103,12 +103,15 @@ class SynthesisResult:
 
 
 def signal_contexts(events: Sequence[SignalEvent], tasks: Mapping[str, Task], trajectories: Mapping[str, Trajectory],
-                    max_contexts: int) -> list[ExplorationContext]:
+                    max_contexts: int, rest: str = "signal", iteration: int = 0, seed: int = 0
+                    ) -> list[ExplorationContext]:
     """One context per event whose task is known, at most `max_contexts`: the kinds take turns (forgetting,
     boundary, rare, forgetting, ...), each kind's events in their order, so that a cap never leaves a kind that
     fired unexplored (boundary events alone would fill it at every iteration: most groups of a learning policy
     are mixed) and a signal ablation changes what is explored. Rare events on the action states D_t lacks come
-    first, before the turns (their comment says why)."""
+    first, before the turns (their comment says why). With `rest="random"` (`synthesis.rest_contexts`) the contexts
+    after those are random tasks of D_{t-1} instead (`random_contexts`), as many as the signal contexts they replace,
+    so exploration costs the same."""
     # A state D_t lacks (`signals.unexplored_states`) is explored before the kinds take turns: bench/state_yield.py
     # measured, with no training, that boundary-like contexts yield fewer tasks of what D_0 lacks than random ones
     # (they steer toward the tasks' own tools), its contexts many more. The events stop once D_t holds the state.
@@ -120,7 +123,12 @@ def signal_contexts(events: Sequence[SignalEvent], tasks: Mapping[str, Task], tr
     by_kind["rare"].sort(key=lambda event: not event.evidence.get("unexplored"))
     ordered = states + [queue[turn] for turn in range(max((len(q) for q in by_kind.values()), default=0))
                         for queue in by_kind.values() if turn < len(queue)]
-    return [build_context(event, tasks[event.task_id], trajectories) for event in ordered[:max_contexts]]
+    contexts = [build_context(event, tasks[event.task_id], trajectories) for event in ordered[:max_contexts]]
+    if rest == "random":  # bench/state_yield.py, no training: a random context yields more of a held-back tool's
+        # tasks than a signal one (the latter steer toward the tasks' own tools); the state contexts stay first
+        kept = [context for context in contexts if context.evidence.get("unexplored_state")]
+        contexts = kept + random_contexts(list(tasks.values()), len(contexts) - len(kept), iteration, seed)
+    return contexts
 
 
 @dataclass(frozen=True)

@@ -151,6 +151,21 @@ def test_resume_with_a_config_file_uses_it_and_refuses_what_it_may_not_change(tm
         resolve_config(str(other_k), [], str(directory), resume=True)
 
 
+@pytest.mark.parametrize("overrides, key", [
+    (["loop.sampler=history", "loop.recur_fraction=0"], "loop.sampler"),  # the draw of every later iteration
+    (["loop.recur_fraction=0.25"], "loop.recur_fraction"),
+    (["synthesis.rest_contexts=random"], "synthesis.rest_contexts"),  # what the next iterations explore
+    (["synthesis.focus_retries=8"], "synthesis.focus_retries"),
+])
+def test_a_resume_refuses_a_change_to_how_the_pool_is_drawn_or_explored(tmp_path, overrides, key):
+    directory = tmp_path / "run"
+    directory.mkdir()
+    write_config(load_config(REPO / "configs" / "quickstart.yaml", [f"run.output_dir={directory}"]),
+                 directory / "config.yaml")
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        resolve_config(None, overrides, str(directory), resume=True)
+
+
 @pytest.mark.parametrize("change, said", [
     (lambda row: row["meta"].pop("involved_classes"), "meta.involved_classes must list"),
     (lambda row: row["meta"].update(involved_classes=["os"]), "names ['os'], not BFCL multi-turn classes"),

@@ -88,6 +88,18 @@ def test_a_state_neither_the_pool_nor_the_rollouts_reached_raises_a_rare_event()
     contexts = signal_contexts([boundary, plain, event, tool, second], {task.id: task}, {}, 4)
     # the states first, then the kinds' turns: boundary, then rare led by the unexplored tool
     assert [c.focus_tool or c.signal for c in contexts] == ["cat@folder", "rm@folder", "boundary", "rm"]
+    # synthesis.rest_contexts: random: the same states first, then as many random tasks as the signal contexts
+    # they replace (the same exploration budget), drawn by (seed, iteration) alone
+    pool = {t.id: t for t in BFCLLiteEnv("train").tasks()[:30]} | {task.id: task}
+    mixed = signal_contexts([boundary, plain, event, tool, second], pool, {}, 4, "random", 3, 7)
+    assert [c.focus_tool for c in mixed[:2]] == ["cat@folder", "rm@folder"]
+    assert len(mixed) == 4 and [c.signal for c in mixed[2:]] == [None, None]
+    assert all(c.id.startswith("random-") and c.iteration == 3 and c.task_id in pool for c in mixed[2:])
+    assert mixed == signal_contexts([boundary, plain, event, tool, second], pool, {}, 4, "random", 3, 7)
+    assert [c.task_id for c in mixed[2:]] != [c.task_id for c in
+                                              signal_contexts([boundary, event], pool, {}, 4, "random", 4, 7)[1:3]]
+    only_states = signal_contexts([event, second], pool, {}, 4, "random", 3, 7)
+    assert [c.focus_tool for c in only_states] == ["cat@folder", "rm@folder"]  # nothing to replace: no random
 
 
 def test_state_coverage_counts_the_pool_and_the_calls_that_ran():
