@@ -96,7 +96,9 @@ class CheckpointWriter:
         step = trainer.state.global_step
         folder = Path(trainer.args.output_dir) / f"{CHECKPOINT_PREFIX}-{step}"
         if hasattr(trainer, "create_model_card"):  # what TRL's _save_checkpoint does first
-            trainer.create_model_card(model_name=Path(trainer.args.output_dir).name)
+            hub_id = getattr(trainer.args, "hub_model_id", None)
+            name = hub_id.split("/")[-1] if hub_id else Path(trainer.args.output_dir).name
+            trainer.create_model_card(model_name=name)
         trainer.store_flos()
         folder.mkdir(parents=True, exist_ok=True)
         weights = clone_tensors(trainer.model.state_dict())
