@@ -139,8 +139,8 @@ def _state(folder: Path) -> dict:
 
 
 def test_async_save_writes_what_a_synchronous_save_writes(tmp_path, ls_policy_dir, tokenizer):
-    """Two `train()` calls of two steps each (the loop's shape: the second resumes from the first's checkpoint),
-    once with transformers' save and once with the background writer: the same rollouts, and checkpoints 2 and 4
+    """Two `train()` calls of one step each (the loop's shape: the second resumes from the first's checkpoint),
+    once with transformers' save and once with the background writer: the same rollouts, and checkpoints 1 and 2
     with the same files holding the same values."""
     from safetensors.torch import load_file
 
@@ -152,7 +152,7 @@ def test_async_save_writes_what_a_synchronous_save_writes(tmp_path, ls_policy_di
     tasks = ls_tasks(4)
 
     def trained(directory: Path, *extra: str):
-        config = load_config(None, overrides(ls_policy_dir, tmp_path / "unused.jsonl", "run.max_steps=4",
+        config = load_config(None, overrides(ls_policy_dir, tmp_path / "unused.jsonl", "run.max_steps=2",
                                              "run.save_steps=100", "run.save_total_limit=2", *extra))
         seen = []
         rollouts = EnvRollouts(BFCLLiteEnv("train"), tasks, ChatRenderer(tokenizer, "python"),
@@ -160,15 +160,15 @@ def test_async_save_writes_what_a_synchronous_save_writes(tmp_path, ls_policy_di
                                on_step=lambda record: seen.append([(t.id, t.score) for t in record.trajectories]))
         trainer = build_trainer(config, directory, str(ls_policy_dir), tokenizer, rollouts, tasks)
         assert (trainer.coevolve_writer is not None) == ("run.async_save=true" in extra)
-        for stop in (2, 4):
+        for stop in (1, 2):
             assert train_steps(trainer, directory, stop) == stop
         settle_checkpoint(trainer)
         return seen
 
     sync_rollouts = trained(tmp_path / "sync")
     async_rollouts = trained(tmp_path / "async", "run.async_save=true")
-    assert sync_rollouts == async_rollouts and len(async_rollouts) == 4
-    for step in (2, 4):
+    assert sync_rollouts == async_rollouts and len(async_rollouts) == 2
+    for step in (1, 2):
         sync, asynchronous = (tmp_path / name / "checkpoints" / f"checkpoint-{step}" for name in ("sync", "async"))
         assert sorted(p.name for p in sync.iterdir()) == sorted(p.name for p in asynchronous.iterdir())
         assert _tensors_equal(load_file(str(sync / "model.safetensors")),
