@@ -10,8 +10,8 @@ reverse order, each in a fresh directory. Reported per run: wall seconds, the st
 lever: the copy taken in the training thread; the write itself runs beside the phases after it), the train phase,
 held-out success before and after. Both must train the same thing: the final weights of every run are compared
 tensor by tensor, and the held-out figures must match. The ratio is baseline wall / lever wall, over the mean of
-the rounds. Before each run the script reads the load average: figures taken while other work held the cores are
-flagged.
+the rounds. Before each run the script measures for 3 s how busy the CPUs are with it idle: figures taken while
+other work held the cores are flagged.
 
 Usage: `python bench/async_save.py [--config configs/quickstart.yaml] [--rounds 1] [--no-write]`; writes the
 `async_save` section of BENCHMARKS.md.
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -36,8 +35,16 @@ from bench._report import machine_line, write_section  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 
 
+def busy_before() -> float:
+    """The share of the CPUs in use during 3 s before a run, this script idle: other work on the machine (the load
+    average would count the previous run's own tail)."""
+    import psutil
+
+    return psutil.cpu_percent(interval=3.0) / 100.0
+
+
 def one_run(config: Path, folder: Path, lever: bool) -> dict:
-    load = os.getloadavg()[0]
+    load = busy_before()
     started = time.perf_counter()
     done = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "coevolve.cli", "train", "--config",
                            str(config), "--output-dir", str(folder), f"run.async_save={str(lever).lower()}"],
@@ -76,20 +83,20 @@ def main() -> None:
                 runs.append(one_run(config, Path(scratch) / f"round{round_index}-{'on' if lever else 'off'}", lever))
         same = all(same_weights(runs[0]["folder"], other["folder"]) for other in runs[1:])
     heldout_same = len({run["heldout"] for run in runs}) == 1
-    rows = ["| run | run.async_save | load before | wall s | save part s | train phase s | held-out before -> after |",
+    rows = ["| run | run.async_save | CPUs busy before | wall s | save part s | train phase s | held-out before -> after |",
             "|---|---|---:|---:|---:|---:|---|"]
     for index, run in enumerate(runs, 1):
         before, after = run["heldout"]
-        rows.append(f"| {index} | {str(run['lever']).lower()} | {run['load_before']:.2f} | {run['wall']:.0f} | "
+        rows.append(f"| {index} | {str(run['lever']).lower()} | {run['load_before']:.0%} | {run['wall']:.0f} | "
                     f"{run['save']:.1f} | {run['train']:.1f} | {before:.3f} -> {after:.3f} |")
     baseline = statistics.mean(run["wall"] for run in runs if not run["lever"])
     lever = statistics.mean(run["wall"] for run in runs if run["lever"])
-    busy = [run for run in runs if run["load_before"] > 0.5]
+    busy = [run for run in runs if run["load_before"] > 0.25]
     table = "\n".join(rows)
     verdict = (f"Baseline / lever wall seconds: **{baseline / lever:.2f}x** ({baseline:.0f} s -> {lever:.0f} s, mean of "
                f"{args.rounds} round{'s' if args.rounds > 1 else ''}). Final weights identical in every run: {same}; "
                f"held-out figures identical: {heldout_same}."
-               + (f" {len(busy)} run(s) started with a load average above 0.5: other work held the cores, the "
+               + (f" {len(busy)} run(s) started with the CPUs over 25% busy: other work held the cores, the "
                   "figures are not clean." if busy else ""))
     print(table)
     print(verdict)
