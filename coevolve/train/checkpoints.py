@@ -37,9 +37,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-CHECKPOINT_PREFIX = "checkpoint"
-
-
 def clone_tensors(value: Any, memo: dict[tuple, Any] | None = None) -> Any:
     """A copy of a (nested) state dict whose tensors no later in-place update can reach. Tensors that share
     storage (tied embeddings) stay shared in the copy, so `save_pretrained` sees the same ties."""
@@ -89,12 +86,13 @@ class CheckpointWriter:
     def save(self, trainer: Any) -> Path:
         """Step `trainer.state.global_step`'s checkpoint: copied now, written in the background."""
         import torch
-        from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINING_ARGS_NAME
+        from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME, TRAINING_ARGS_NAME
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
         from transformers.trainer_callback import ExportableState
 
         self.settle()
         step = trainer.state.global_step
-        folder = Path(trainer.args.output_dir) / f"{CHECKPOINT_PREFIX}-{step}"
+        folder = Path(trainer.args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{step}"
         if hasattr(trainer, "create_model_card"):  # what TRL's _save_checkpoint does first
             hub_id = getattr(trainer.args, "hub_model_id", None)
             name = hub_id.split("/")[-1] if hub_id else Path(trainer.args.output_dir).name
@@ -135,7 +133,7 @@ class CheckpointWriter:
                 model.save_pretrained(str(folder), state_dict=weights, is_main_process=True)
                 if optimizer is not None:
                     torch.save(optimizer, folder / OPTIMIZER_NAME)
-                state.save_to_json(str(folder / "trainer_state.json"))  # last: the checkpoint is complete
+                state.save_to_json(str(folder / TRAINER_STATE_NAME))  # last: the checkpoint is complete
                 rotate_checkpoints(output_dir=str(folder.parent), save_total_limit=limit, use_mtime=True)
             except BaseException as error:  # raised in the training thread at the next wait
                 self._failure = (step, error)

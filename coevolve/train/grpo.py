@@ -59,7 +59,7 @@ from typing import Any, Callable, Iterator, Sequence
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental" in TRL; we know
 
 from coevolve.train.calls import CHECKPOINTS, checkpoint_step
-from coevolve.train.checkpoints import CheckpointWriter, applies, writer_for
+from coevolve.train.checkpoints import CheckpointWriter, writer_for
 from coevolve.config import Config, ConfigError, micro_batches
 from coevolve.envs.base import Env
 from coevolve.policy.backends import SamplingConfig
@@ -442,7 +442,7 @@ def _trainer_class() -> type:
         def _save_checkpoint(self, model, trial):
             """transformers' save, or under `run.async_save` a snapshot written in the background
             (`coevolve.train.checkpoints`)."""
-            if self.coevolve_writer is None or trial is not None or not applies(self):
+            if self.coevolve_writer is None or trial is not None:  # `writer_for` kept collective saves
                 return super()._save_checkpoint(model, trial)
             self.coevolve_writer.save(self)
 
