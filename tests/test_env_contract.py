@@ -34,6 +34,9 @@ def test_every_shipped_env_and_episode_implements_the_contract():
     assert not AppWorldEnv.plain_arguments and AppWorldEnv.empty_observations == ("Execution successful.",)
     lite = BFCLLiteEnv("train")
     assert (lite.category, lite.split, lite.with_split("test"), lite.max_sessions) == ("lite/train", "train", None, None)
+    # The tools a run checks at its start are declared, not guessed from the env's name.
+    assert [env.user_tools for env in (BFCLEnv, BFCLLiteEnv, AppWorldEnv, PythonEnv, MCPEnv)] == [
+        False, False, False, True, True]
 
 
 class Counter(Env):
@@ -95,6 +98,7 @@ def test_a_minimal_env_gets_the_defaults_and_its_candidates_validate():
     assert (env.check_task(env.tasks()[0]), env.check_call(ToolCall("add")), env.exploration_problems()) == (
         None, None, [])
     assert env.plain_arguments and env.empty_observations == () and env.max_sessions is None and env.close() is None
+    assert not env.user_tools
     episode = env.reset(env.tasks()[0])
     assert (episode.lost, episode.new_tools(), episode.close()) == (None, [], None)
     assert ENV_FAILURE == "process"

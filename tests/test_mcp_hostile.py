@@ -61,6 +61,10 @@ def exiting_factory():
     os._exit(5)
 
 
+def raising_factory():
+    raise RuntimeError("no database")
+
+
 def many_tools():
     server = MCPServer("many")
     for index in range(600):
@@ -140,6 +144,17 @@ def test_one_deadline_covers_a_factory_and_the_process_exits_when_refused(hostil
     assert "slow_factory refused:" in done.stdout and "did not return within 2 s" in done.stdout
     assert "exiting_factory refused:" in done.stdout and "exit code 5" in done.stdout
     assert elapsed < 40  # the factory sleeping 70 s holds nothing: the process ends with its answer
+
+
+def test_a_worker_session_whose_factory_hangs_is_stuck_and_one_whose_factory_raises_is_lost(hostile):
+    """The worker tells its parent to restart it only when the failed start still holds one of its threads: a
+    factory past its deadline (the flag the deadline sets), not one that raised, whatever the messages say."""
+    from coevolve.envs.mcp_worker import MCPHost
+
+    hung = MCPHost("hostile_server:slow_factory", {}, call_timeout_s=5, max_sessions=2, start_timeout_s=0.5)
+    raised = MCPHost("hostile_server:raising_factory", {}, call_timeout_s=5, max_sessions=2, start_timeout_s=5)
+    assert hung.opening[0] == "stuck" and "did not return within 0.5 s" in hung.opening[1]
+    assert raised.opening[0] == "lost" and "no database" in raised.opening[1]
 
 
 NEVER_ANSWERS = '''

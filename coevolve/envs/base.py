@@ -130,6 +130,9 @@ class Env:
     max_sessions: int | None = None
     """How many episodes may be open at once (an MCP server's sessions), or None: no limit. A run that opens more
     at once (`grpo.prompts_per_step` x `rollout.group_size`) is refused before anything slow."""
+    user_tools: bool = False
+    """Whether the tools are a user's code that no shipped test checks (your tools, an MCP server): a run then plays
+    its first tasks' ground truths twice at its start and says what `coevolve env check` would refuse."""
 
     def tasks(self) -> list[Task]:
         raise NotImplementedError

@@ -54,7 +54,12 @@ log = logging.getLogger("mcp.coevolve")
 
 
 class SessionLost(EnvFailed):
-    """The server could not start, did not answer in time, or died; the message says which."""
+    """The server could not start, did not answer in time, or died; the message says which. `holds_thread`: the
+    work that timed out (a server factory) still runs on a thread of this process, which a restart frees."""
+
+    def __init__(self, message: str, holds_thread: bool = False) -> None:
+        super().__init__(message)
+        self.holds_thread = holds_thread
 
 
 class _Loop:
@@ -437,7 +442,7 @@ class ServerSource:
             server = _in_daemon_thread(make, start_timeout_s)
         except concurrent.futures.TimeoutError:
             raise SessionLost(f"the server factory {self.label} did not return within {start_timeout_s:g} s "
-                              "(env.options.start_timeout_s)") from None
+                              "(env.options.start_timeout_s)", holds_thread=True) from None
         except BaseException as error:  # noqa: BLE001 - a factory that raises (or exits): the episode says why
             raise SessionLost(f"the server factory {self.label} raised {describe(error)}") from None
         if not _is_server(server):

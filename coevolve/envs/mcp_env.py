@@ -93,6 +93,8 @@ class MCPEnv(Env):
     """`MCPEnv(server="package.module:ATTR" | command=[...], tasks="tasks.jsonl", split=None, state_calls=(),
     reward_tool=None)`: see the module docstring."""
 
+    user_tools = True  # checked at a run's start (`coevolve.run_setup.env_check_warnings`)
+
     states: StatePatterns = ARGUMENT_STATES
     """Which state a call acts on: its tool and the arguments it gave (`coevolve.states`)."""
 

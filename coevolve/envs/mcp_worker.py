@@ -101,8 +101,8 @@ class MCPHost:
             self.session = Session(source.connect(reset, start_timeout_s), _SLOTS[server], call_timeout_s,
                                    start_timeout_s, started_at=started)
         except SessionLost as error:
-            stuck = "did not return within" in str(error)  # a factory still running holds a thread of this worker
-            self.opening = ("stuck" if stuck else "lost", str(error))
+            # A factory still running holds a thread of this worker: the parent restarts it.
+            self.opening = ("stuck" if error.holds_thread else "lost", str(error))
         except Exception as error:  # noqa: BLE001 - e.g. the module no longer imports: the episode says why
             self.opening = ("lost", f"the MCP server could not be made: {describe(error)}")
 

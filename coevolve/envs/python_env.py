@@ -317,6 +317,8 @@ class PythonEpisode(ToolEpisode):
 class PythonEnv(Env):
     """`PythonEnv(cls="package.module:ClassName", tasks="tasks.jsonl", split=None)`: see the module docstring."""
 
+    user_tools = True  # checked at a run's start (`coevolve.run_setup.env_check_warnings`)
+
     states: StatePatterns = ARGUMENT_STATES
     """Which state a call acts on: its tool and the arguments it gave (`coevolve.states`)."""
 
