@@ -1,13 +1,16 @@
 """Checkpoints written in the background (`run.async_save: true`) against transformers' own save, same run config.
 
-Question: the quickstart spends about 3.5 s an iteration writing its checkpoint while training waits (BENCHMARKS.md
-"Where a GRPO step's seconds go"). With the write moved to a background thread from a copy in memory
-(`coevolve/train/checkpoints.py`), how much of a run's wall time comes back, and is everything else unchanged?
+Question: the quickstart spends 3.5-12 s an iteration writing its checkpoint while training waits, and the next
+iteration's `train()` call reads it back (BENCHMARKS.md "Where a GRPO step's seconds go"). With the write moved to a
+background thread from a copy in memory, overlapping the next iteration's GRPO steps, and that call resuming from the
+checkpoint in flight (`coevolve/train/checkpoints.py`), how much of a run's wall time comes back, and is everything
+else unchanged?
 
 Method: `coevolve train --config configs/quickstart.yaml` (or `--config`), after setup, once with
 `run.async_save=false` (the baseline) and once with `=true`, in this order and then, with `--rounds 2`, in the
 reverse order, each in a fresh directory. Reported per run: wall seconds, the step clock's `save` part (with the
-lever: the copy taken in the training thread; the write itself runs beside the phases after it), the train phase,
+lever: the copy taken in the training thread; the write itself runs beside the phases after it) and `resume` part
+(a `train()` call's start: reading the previous call's checkpoint back), the train phase,
 held-out success before and after. Both must train the same thing: the final weights of every run are compared
 tensor by tensor, and the held-out figures must match. The ratio is baseline wall / lever wall, over the mean of
 the rounds. Before each run the script measures for 3 s how busy the CPUs are with it idle: figures taken while
@@ -54,9 +57,10 @@ def one_run(config: Path, folder: Path, lever: bool) -> dict:
         raise SystemExit(f"{folder} failed:\n{done.stderr[-3000:]}")
     lines = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
     save = sum((line.get("train_seconds") or {}).get("save", 0.0) for line in lines)
+    resume = sum((line.get("train_seconds") or {}).get("resume", 0.0) for line in lines)
     train = sum(line["seconds"].get("train", 0.0) for line in lines)
     summary = json.loads((folder / "summary.json").read_text())
-    return {"lever": lever, "wall": wall, "save": save, "train": train, "load_before": load,
+    return {"lever": lever, "wall": wall, "save": save, "resume": resume, "train": train, "load_before": load,
             "heldout": (summary.get("heldout_before"), summary.get("heldout_after")), "folder": folder}
 
 
@@ -83,12 +87,12 @@ def main() -> None:
                 runs.append(one_run(config, Path(scratch) / f"round{round_index}-{'on' if lever else 'off'}", lever))
         same = all(same_weights(runs[0]["folder"], other["folder"]) for other in runs[1:])
     heldout_same = len({run["heldout"] for run in runs}) == 1
-    rows = ["| run | run.async_save | CPUs busy before | wall s | save part s | train phase s | held-out before -> after |",
-            "|---|---|---:|---:|---:|---:|---|"]
+    rows = ["| run | run.async_save | CPUs busy before | wall s | save part s | resume part s | train phase s | "
+            "held-out before -> after |", "|---|---|---:|---:|---:|---:|---:|---|"]
     for index, run in enumerate(runs, 1):
         before, after = run["heldout"]
         rows.append(f"| {index} | {str(run['lever']).lower()} | {run['load_before']:.0%} | {run['wall']:.0f} | "
-                    f"{run['save']:.1f} | {run['train']:.1f} | {before:.3f} -> {after:.3f} |")
+                    f"{run['save']:.1f} | {run['resume']:.1f} | {run['train']:.1f} | {before:.3f} -> {after:.3f} |")
     baseline = statistics.mean(run["wall"] for run in runs if not run["lever"])
     lever = statistics.mean(run["wall"] for run in runs if run["lever"])
     busy = [run for run in runs if run["load_before"] > 0.25]
@@ -105,11 +109,12 @@ def main() -> None:
     write_section("async_save", f"""
 ## Checkpoints written in the background vs transformers' save (`bench/async_save.py`)
 
-Question: how much of a run's wall time does writing checkpoints from a copy, in a background thread
-(`run.async_save: true`, `coevolve/train/checkpoints.py`), give back, with everything else unchanged? Command:
+Question: how much of a run's wall time does writing checkpoints from a copy, in a background thread that overlaps
+the next iteration's GRPO steps (`run.async_save: true`, `coevolve/train/checkpoints.py`), give back, with
+everything else unchanged? Command:
 `python bench/async_save.py --config {args.config} --rounds {args.rounds}`. Machine: {machine_line()}. One
-`coevolve train` per row, after setup; `save part` is the step clock's (with the lever: the copy taken in the
-training thread).
+`coevolve train` per row, after setup; `save part` and `resume part` are the step clock's (with the lever: the copy
+taken in the training thread, and a resume that reads only the small files of the checkpoint in flight).
 
 {table}
 

@@ -48,8 +48,9 @@ class RunSection:
     """Checkpoint every N optimizer steps (and at the end)."""
     save_total_limit: int | None = 2
     async_save: bool = False
-    """Write checkpoints in a background thread from a copy in memory (`coevolve.train.checkpoints`): training
-    goes on while they are written; the same files. One process only (several save as transformers does)."""
+    """Write checkpoints in a background thread from a copy in memory (`coevolve.train.checkpoints`): training,
+    the iteration's commit and the next iteration's steps go on while they are written; the same files; a kill
+    mid-write redoes the iteration on resume. One process only (several save as transformers does)."""
     seed: int = 0
     logging_steps: int = 1
     report_to: tuple[str, ...] = ()

@@ -95,7 +95,8 @@ The run directory:
 Resume (`--resume`) after a kill redoes what the last metrics line does not cover, and nothing else
 (`resume_plan`): steps after the last checkpoint train again with the same seeds; an iteration whose steps are
 all checkpointed but whose metrics line is missing (a kill in its feedback) has phases 3-10 redone from its logged
-rollouts: the pool refuses what it already holds and the lineage log replaces that iteration's lines.
+rollouts: the pool refuses what it already holds and the lineage log replaces that iteration's lines; one committed
+past the last complete checkpoint (`run.async_save`, killed mid-write) is redone whole.
 """
 
 from __future__ import annotations
@@ -372,8 +373,7 @@ def record_iteration(run: "Run", t: int, trajectories: Sequence[Trajectory], rep
                           CurriculumConfig.of(run.config.loop.curriculum).window).to_dict() if t else {},
         new_state_tasks(run.env.states, run.pool.tasks_at(0, "seed"), run.pool.tasks_at(t, "synthetic")) if t else {},
     )
-    settle_checkpoint(run.trainer)  # the commit names the iteration's last step: its checkpoint is on disk first
-    run.metrics_log.append(metrics.to_dict())
+    run.metrics_log.append(metrics.to_dict())  # under run.async_save its checkpoint may still be in flight
     report_iteration(run.trainer, metrics.to_dict())  # to run.report_to's trackers, after the line: never twice
     if t == 0:
         if heldout is not None:
@@ -451,9 +451,6 @@ class Run:
             self.noted.add(text.split(":", 1)[0])
             self.say(f"note: {text}")
             logging.getLogger("coevolve.loop").warning(text)
-
-    def recorded(self) -> set[int]:
-        return {record["iteration"] for record in self.metrics_log.read()}
 
     def all_rollout_logs(self) -> list[JsonLines]:
         """Every process's rollout log, process 0 first."""
@@ -596,5 +593,6 @@ def save_final(run: Run, tokenizer: Any) -> None:
             return
         load_weights(run.trainer, checkpoint)
     run.trainer.save_model(str(final_dir))  # collective under DeepSpeed/FSDP; writes from the main process only
+    settle_checkpoint(run.trainer)  # run.async_save: the last checkpoint, written beside final/, is complete
     if run.is_main:
         tokenizer.save_pretrained(str(final_dir))

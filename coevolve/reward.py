@@ -94,3 +94,19 @@ def training_reward(trajectory: Trajectory, task: Task, reward: str = "env", par
     if reward == "env" or trajectory.score >= 1.0:
         return float(trajectory.score)
     return partial_credit * call_match(trajectory, truth_calls(task))
+
+
+# The reward functions handed to TRL's GRPOTrainer (`coevolve.train.grpo.build_trainer`): they read what our
+# rollout function returned per trajectory, so they take TRL's keyword arguments and ignore the rest.
+
+
+def env_score_reward(prompts: Sequence[Any], completions: Sequence[Any], env_score: Sequence[float],
+                     **_: Any) -> list[float]:
+    """The reward: the env's score of each trajectory (BFCL's binary state/response checks)."""
+    return [float(score) for score in env_score]
+
+
+def graded_reward(prompts: Sequence[Any], completions: Sequence[Any], train_reward: Sequence[float],
+                  **_: Any) -> list[float]:
+    """`grpo.reward: graded`: the env score when solved, else partial credit for matching calls (`coevolve.reward`)."""
+    return [float(value) for value in train_reward]

@@ -198,10 +198,10 @@ USER_ENV_CHECKED_TASKS = 2
 def env_check_warnings(env: Env, tasks: Sequence[Task], limit: int = USER_ENV_CHECKED_TASKS) -> list[str]:
     """What `coevolve env check` would refuse in a user env (`mcp:`, `python:`), from its first `limit` tasks'
     ground truths played twice, so a run says it at its start instead of training on a server whose episodes
-    differ or fail. Other envs: nothing (their tasks are checked by their own tests)."""
+    differ or fail. Other envs (`Env.user_tools` false): nothing (their tasks are checked by their own tests)."""
     from coevolve.envs.user_env import truth_problem
 
-    if not env.name.startswith(("mcp:", "python:")):
+    if not env.user_tools:
         return []
     cause = ("randomness, the clock, or state every episode shares: one shared MCP server, a class attribute? "
              "`coevolve env check` says which")
@@ -423,7 +423,14 @@ def resume_plan(run: Any, resume: bool) -> ResumePlan:
         run.say(f"no checkpoint in {run.directory / 'checkpoints'} yet: training from step 0")
     for log in (run.steps_log, run.rollouts_log):
         log.truncate_after(step)
-    recorded = run.recorded()
+    # An iteration committed before its checkpoint was complete (`run.async_save`, then a kill) is done again: every
+    # process plans without its line, the main process drops it.
+    def covered(record: dict) -> bool:
+        return not resume or not record.get("steps") or record["steps"][1] <= step
+
+    if resume and run.is_main:
+        run.metrics_log.rewrite(covered)
+    recorded = {record["iteration"] for record in run.metrics_log.read() if covered(record)}
     pending = [t for t in range(1, run.iterations + 1) if t not in recorded]
     return ResumePlan(step, pending[0] if pending else run.iterations + 1, 0 in recorded)
 

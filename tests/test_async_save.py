@@ -2,11 +2,16 @@
 
 What must hold: the files are those a synchronous save writes (same values), the copy is taken when the save is
 asked for (a later in-place update cannot reach it), a failed write raises at the next wait with the step named and
-leaves no checkpoint that resume would take, and the loop's waits keep a committed iteration's checkpoint on disk."""
+leaves no checkpoint that resume would take, the next `train()` call resumes from the checkpoint in flight without
+waiting and trains what it would have trained after a synchronous save, and a kill after an iteration's commit but
+before its checkpoint is complete redoes that iteration on resume, ending as an uninterrupted run ends."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,10 +21,14 @@ import pytest
 import torch
 
 from coevolve.config import load_config
+from coevolve.loop import run
 from coevolve.train.calls import last_checkpoint
-from coevolve.train.checkpoints import CheckpointWriter, clone_tensors, settle_checkpoint
-from support import ls_tasks
+from coevolve.train.checkpoints import WRITING, CheckpointWriter, clone_tensors, settle_checkpoint
+from support import ls_tasks, run_record, write_tasks
+from test_loop import settings
 from test_train import overrides
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_clone_tensors_copies_every_tensor_once_and_keeps_ties():
@@ -87,7 +96,7 @@ def test_the_write_holds_the_weights_of_the_step_it_was_asked_at(tmp_path):
     moments = trainer.optimizer.state_dict()["state"][0]["exp_avg"].clone()
     folder = writer.save(trainer)
     assert model.started.wait(timeout=30) and writer.writing_step == 4
-    assert not (folder / "trainer_state.json").exists()  # in flight: not a checkpoint resume would take
+    assert (folder / WRITING).exists()  # in flight: not a checkpoint resume would take
     assert last_checkpoint(tmp_path) is None
     with torch.no_grad():  # the next step, while the write is in flight
         model.layer.weight.mul_(-3.0)
@@ -99,7 +108,7 @@ def test_the_write_holds_the_weights_of_the_step_it_was_asked_at(tmp_path):
     saved = torch.load(folder / "optimizer.pt", weights_only=True)
     assert torch.equal(saved["state"][0]["exp_avg"], moments)
     assert json.loads((folder / "trainer_state.json").read_text())["global_step"] == 4
-    assert last_checkpoint(tmp_path) == folder
+    assert last_checkpoint(tmp_path) == folder and not (folder / WRITING).exists()
 
 
 def test_a_failed_write_raises_at_the_next_wait_and_leaves_no_checkpoint(tmp_path):
@@ -110,7 +119,7 @@ def test_a_failed_write_raises_at_the_next_wait_and_leaves_no_checkpoint(tmp_pat
     folder = writer.save(trainer)
     with pytest.raises(TrainingError, match=r"checkpoint of step 4 failed .*No space left"):
         writer.settle()
-    assert not (folder / "trainer_state.json").exists() and last_checkpoint(tmp_path) is None
+    assert (folder / WRITING).exists() and last_checkpoint(tmp_path) is None
     writer.settle()  # said once; the writer is usable again
     trainer.model.fail = False
     writer.save(trainer)
@@ -138,18 +147,32 @@ def _state(folder: Path) -> dict:
     return state
 
 
-def test_async_save_writes_what_a_synchronous_save_writes(tmp_path, ls_policy_dir, tokenizer):
+def test_async_save_writes_what_a_synchronous_save_writes(tmp_path, ls_policy_dir, tokenizer, monkeypatch):
     """Two `train()` calls of one step each (the loop's shape: the second resumes from the first's checkpoint),
-    once with transformers' save and once with the background writer: the same rollouts, and checkpoints 1 and 2
-    with the same files holding the same values."""
+    once with transformers' save and once with the background writer, whose write of checkpoint 1 is held until the
+    second call's step has begun (so that call resumed from the checkpoint in flight): the same rollouts, and
+    checkpoints 1 and 2 with the same files holding the same values."""
     from safetensors.torch import load_file
+    from transformers import PreTrainedModel, TrainerCallback
 
     from coevolve.envs.bfcl_lite import BFCLLiteEnv
     from coevolve.policy.chat import ChatRenderer
     from coevolve.train import EnvRollouts, build_trainer
     from coevolve.train.calls import train_steps
 
-    tasks = ls_tasks(4)
+    tasks, second_step, in_flight = ls_tasks(4), threading.Event(), []
+    original_save = PreTrainedModel.save_pretrained
+
+    def held_save(model, folder, *args, **kwargs):
+        if threading.current_thread().name == "coevolve-checkpoint-1":
+            assert second_step.wait(timeout=120), "the second train() call waited for checkpoint 1"
+        return original_save(model, folder, *args, **kwargs)
+
+    class _SecondStep(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == 1:  # the second call's step, from checkpoint 1
+                in_flight.append((Path(args.output_dir) / "checkpoint-1" / WRITING).exists())
+                second_step.set()
 
     def trained(directory: Path, *extra: str):
         config = load_config(None, overrides(ls_policy_dir, tmp_path / "unused.jsonl", "run.max_steps=2",
@@ -158,7 +181,8 @@ def test_async_save_writes_what_a_synchronous_save_writes(tmp_path, ls_policy_di
         rollouts = EnvRollouts(BFCLLiteEnv("train"), tasks, ChatRenderer(tokenizer, "python"),
                                config.rollout.engine(), seed=0,
                                on_step=lambda record: seen.append([(t.id, t.score) for t in record.trajectories]))
-        trainer = build_trainer(config, directory, str(ls_policy_dir), tokenizer, rollouts, tasks)
+        trainer = build_trainer(config, directory, str(ls_policy_dir), tokenizer, rollouts, tasks,
+                                callbacks=[_SecondStep()])
         assert (trainer.coevolve_writer is not None) == ("run.async_save=true" in extra)
         for stop in (1, 2):
             assert train_steps(trainer, directory, stop) == stop
@@ -166,7 +190,9 @@ def test_async_save_writes_what_a_synchronous_save_writes(tmp_path, ls_policy_di
         return seen
 
     sync_rollouts = trained(tmp_path / "sync")
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", held_save)
     async_rollouts = trained(tmp_path / "async", "run.async_save=true")
+    assert in_flight == [False, True]  # sync: complete before the call; async: still being written
     assert sync_rollouts == async_rollouts and len(async_rollouts) == 2
     for step in (1, 2):
         sync, asynchronous = (tmp_path / name / "checkpoints" / f"checkpoint-{step}" for name in ("sync", "async"))
@@ -179,27 +205,55 @@ def test_async_save_writes_what_a_synchronous_save_writes(tmp_path, ls_policy_di
         assert _state(sync) == _state(asynchronous)
 
 
-def test_a_loop_run_with_async_save_commits_iterations_whose_checkpoints_are_on_disk(tmp_path, ls_policy_dir,
-                                                                                    monkeypatch):
-    """Two iterations of one step: each metrics line is written once its iteration's checkpoint is complete."""
-    from coevolve.loop import run
-    from support import write_tasks
-    import coevolve.loop as loop
+KILL_MID_WRITE = """
+import json, os, signal, sys, threading, time
+from pathlib import Path
+from transformers import PreTrainedModel
+import coevolve.loop as loop
+out, original = Path(sys.argv[1]), PreTrainedModel.save_pretrained
+def committed(iteration):
+    path = out / "metrics.jsonl"
+    return path.exists() and any(json.loads(line)["iteration"] == iteration for line in path.read_text().splitlines())
+def dying(model, folder, *args, **kwargs):
+    if threading.current_thread().name == "coevolve-checkpoint-2":  # iteration 2's checkpoint, in the background
+        while not committed(2):  # ...until iteration 2 has committed without it
+            time.sleep(0.05)
+        print("killed mid-write", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return original(model, folder, *args, **kwargs)
+PreTrainedModel.save_pretrained = dying
+loop.run(None, sys.argv[2:], str(out), say=lambda text: None)
+"""
 
+
+def test_a_kill_after_the_commit_but_before_its_checkpoint_is_written_redoes_that_iteration(tmp_path, ls_policy_dir):
+    """Three iterations of one step under `run.async_save`, killed while iteration 2's checkpoint is written and after
+    its metrics line: resume drops that line, trains iteration 2 again from checkpoint 1, and the run ends with the
+    records of an uninterrupted run with transformers' own saves."""
     tasks_file = write_tasks(ls_tasks(4), tmp_path / "tasks.jsonl")
-    out, seen = tmp_path / "run", []
-    original = loop.settle_checkpoint
+    options = settings(ls_policy_dir, tasks_file, "coevolve", "run.max_steps=3")
+    reference = tmp_path / "reference"
+    run(None, options, str(reference), say=lambda text: None)
+    killed = tmp_path / "killed"
+    died = subprocess.run([sys.executable, "-c", KILL_MID_WRITE, str(killed), *options, "run.async_save=true"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "tests")})
+    assert died.returncode == -9 and "killed mid-write" in died.stdout, died.stderr[-2000:]
+    assert [row["iteration"] for row in map(json.loads, (killed / "metrics.jsonl").read_text().splitlines())] == \
+        [0, 1, 2]  # iteration 2 committed...
+    assert (killed / "checkpoints" / "checkpoint-2" / WRITING).exists()  # ...its checkpoint not complete
+    assert last_checkpoint(killed) == killed / "checkpoints" / "checkpoint-1"
 
-    def settle(trainer):
-        original(trainer)
-        seen.append((trainer.coevolve_writer.writing_step, last_checkpoint(out)))
-
-    monkeypatch.setattr(loop, "settle_checkpoint", settle)
-    run(None, overrides(ls_policy_dir, tasks_file, "run.max_steps=2", "loop.steps_per_iteration=1",
-                        "run.async_save=true", "loop.eval_limit=2"), str(out))
-    folder = out / "checkpoints"  # iteration 0 (before training) has none yet
-    assert seen == [(None, None), (None, folder / "checkpoint-1"), (None, folder / "checkpoint-2")]
-    assert [row["iteration"] for row in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())] == [0, 1, 2]
+    resumed = subprocess.run([sys.executable, "-m", "coevolve.cli", "train", "--output-dir", str(killed),
+                              "--resume"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    got, want = run_record(killed), run_record(reference)
+    assert got["steps"] == want["steps"] == [1, 2, 3]
+    assert got["metrics"] == want["metrics"]  # iteration 2 once, as the uninterrupted run recorded it
+    assert got["versions"] == want["versions"] and got["history"] == want["history"]
+    assert got["lineage"] == want["lineage"] and got["rollouts"] == want["rollouts"]
+    assert last_checkpoint(killed) == killed / "checkpoints" / "checkpoint-3"
+    assert not list((killed / "checkpoints").glob(f"*/{WRITING}"))  # the run's end waited for its last write
 
 
 def test_a_trainer_that_saves_collectively_keeps_transformers_save_and_says_so():

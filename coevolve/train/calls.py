@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from coevolve.jsonl import JsonLines
-from coevolve.train.checkpoints import settle_checkpoint
+from coevolve.train.checkpoints import WRITING, resume_point, settle_checkpoint
 
 if TYPE_CHECKING:
     from coevolve.config import Config
@@ -136,8 +136,9 @@ def train_steps(trainer: Any, directory: Path, until_step: int, clock: Any = Non
                 control.should_training_stop = True
             return control
 
-    settle_checkpoint(trainer)  # under run.async_save the previous call's last checkpoint may still be in flight
-    checkpoint = last_checkpoint(directory)
+    # Under run.async_save the previous call's last checkpoint may still be in flight: resumed from as it is (its
+    # optimizer state from memory) when the model holds its weights, else waited for.
+    checkpoint = resume_point(trainer) or last_checkpoint(directory)
     stop = _StopAt()
     trainer.add_callback(stop)
     if clock is not None:
@@ -165,9 +166,11 @@ def checkpoint_step(path: Path) -> int:
 
 
 def last_checkpoint(output_dir: Path) -> Path | None:
-    """The newest complete checkpoint (TRL writes `trainer_state.json` last)."""
+    """The newest complete checkpoint: transformers writes `trainer_state.json` last; `run.async_save` removes its
+    marker last (`coevolve.train.checkpoints`)."""
     folder = output_dir / CHECKPOINTS
-    done = [p for p in folder.glob("checkpoint-*") if (p / "trainer_state.json").exists()] if folder.exists() else []
+    done = [p for p in folder.glob("checkpoint-*")
+            if (p / "trainer_state.json").exists() and not (p / WRITING).exists()] if folder.exists() else []
     return max(done, key=checkpoint_step, default=None)
 
 

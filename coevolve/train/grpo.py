@@ -59,13 +59,13 @@ from typing import Any, Callable, Iterator, Sequence
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental" in TRL; we know
 
 from coevolve.train.calls import CHECKPOINTS, checkpoint_step
-from coevolve.train.checkpoints import CheckpointWriter, writer_for
+from coevolve.train.checkpoints import CheckpointWriter, load_in_flight, writer_for
 from coevolve.config import Config, ConfigError, micro_batches
 from coevolve.envs.base import Env
 from coevolve.policy.backends import SamplingConfig
 from coevolve.policy.chat import ChatRenderer
 from coevolve.records import Task, Trajectory
-from coevolve.reward import training_reward
+from coevolve.reward import env_score_reward, graded_reward, training_reward
 from coevolve.rollout import FailureStreak, RolloutBatch, RolloutConfig, StepRollouts, group_runs, rollout
 
 LOSS_TYPES = {"tokens": "dapo", "sequence": "grpo", "constant": "dr_grpo"}
@@ -214,18 +214,6 @@ class EnvRollouts:
             renamed.append(replace(trajectory, sample_index=k,
                                    id=f"{trajectory.task_id}-i{self.iteration}-s{step}{suffix}-k{k}"))
         return tuple(renamed)
-
-
-def env_score_reward(prompts: Sequence[Any], completions: Sequence[Any], env_score: Sequence[float],
-                     **_: Any) -> list[float]:
-    """The reward: the env's score of each trajectory (BFCL's binary state/response checks)."""
-    return [float(score) for score in env_score]
-
-
-def graded_reward(prompts: Sequence[Any], completions: Sequence[Any], train_reward: Sequence[float],
-                  **_: Any) -> list[float]:
-    """`grpo.reward: graded`: the env score when solved, else partial credit for matching calls (`coevolve.reward`)."""
-    return [float(value) for value in train_reward]
 
 
 def task_dataset(tasks: Sequence[Task]) -> Any:
@@ -446,6 +434,12 @@ def _trainer_class() -> type:
                 return super()._save_checkpoint(model, trial)
             self.coevolve_writer.save(self)
 
+        def _load_optimizer_and_scheduler(self, checkpoint):
+            """transformers' load, or for the checkpoint still being written under `run.async_save` its optimizer
+            state from the copy in memory (`coevolve.train.checkpoints.load_in_flight`)."""
+            if not load_in_flight(self, checkpoint):
+                super()._load_optimizer_and_scheduler(checkpoint)
+
         def create_optimizer(self, model=None):
             """TRL's AdamW, on fp32 copies of the weights under `grpo.master_weights` (`coevolve.master_weights`)."""
             from coevolve.master_weights import MasterWeightAdamW, with_master_weights
@@ -554,6 +548,7 @@ OVERRIDDEN = {
     "compute_loss": ("model", "inputs", "return_outputs", "num_items_in_batch"),
     "_load_from_checkpoint": ("resume_from_checkpoint",),
     "_save_checkpoint": ("model", "trial"),
+    "_load_optimizer_and_scheduler": ("checkpoint",),
     "_save_rng_state": ("output_dir",),
 }
 """GRPOTrainer methods we override or call -> the parameters we pass or take."""
