@@ -374,7 +374,7 @@ def record_iteration(run: "Run", t: int, trajectories: Sequence[Trajectory], rep
         new_state_tasks(run.env.states, run.pool.tasks_at(0, "seed"), run.pool.tasks_at(t, "synthetic")) if t else {},
     )
     run.metrics_log.append(metrics.to_dict())  # under run.async_save its checkpoint may still be in flight
-    report_iteration(run.trainer, metrics.to_dict())  # to run.report_to's trackers, after the line: never twice
+    report_iteration(run.trainer, metrics.to_dict(), run.directory)  # after the line; never twice
     if t == 0:
         if heldout is not None:
             run.say(f"before training: held-out success {heldout_text(metrics)} on {len(run.eval_tasks)} tasks")

@@ -387,6 +387,31 @@ def test_coevolves_figures_reach_tensorboard_at_each_iterations_last_step_and_a_
         assert steps == sorted(set(steps)) == [0, 1, 2, 3], tag  # the same curve, continued, no point twice
 
 
+def test_an_iteration_redone_after_a_kill_mid_write_is_not_sent_to_the_trackers_twice(tmp_path, ls_policy_dir,
+                                                                                        tasks_file):
+    """run.async_save's kill case, made by hand: iteration 2 committed (its line, its figures sent) while its
+    checkpoint was still being written. The resume drops the line and redoes the iteration, with the same values;
+    its figures are on the curves once."""
+    from coevolve.train.checkpoints import WRITING
+    from coevolve.train.trackers import SENT_FILE
+
+    out = tmp_path / "run"
+    run(None, settings(ls_policy_dir, tasks_file, "static", "run.report_to=[tensorboard]"), str(out),
+        say=lambda text: None)
+    assert json.loads((out / SENT_FILE).read_text()) == {"iteration": 2}
+    before = read_jsonl(out / "metrics.jsonl")
+    last = max((out / "checkpoints").glob("checkpoint-*"), key=lambda folder: int(folder.name.split("-")[1]))
+    (last / WRITING).write_text("in flight when the run was killed\n")
+    run(None, [], str(out), resume=True, say=lambda text: None)
+    after = read_jsonl(out / "metrics.jsonl")
+    assert [m["iteration"] for m in after] == [0, 1, 2]  # iteration 2 was dropped and done again
+    assert after[2]["train_success"] == before[2]["train_success"]
+    scalars = tensorboard_scalars(out / "tensorboard")
+    for tag in ("coevolve/pool/total", "coevolve/train_success", "coevolve/seconds/train"):
+        steps = [step for step, _ in scalars[tag]]
+        assert steps == sorted(set(steps)), tag  # without the sent record, iteration 2's step came twice
+
+
 def test_iteration_figures_flatten_a_metrics_line_by_hand():
     from coevolve.train.trackers import iteration_figures
 

@@ -16,15 +16,23 @@ directory's name (TrainingArguments' `run_name`; without one, trackio made a new
 `train()` call, since its callback finishes the run at each one's end).
 
 Names are written as they are, not under transformers' `train/` prefix (`rewrite_logs`), so that they group as
-CoEvolve's own panel. A resumed run continues the same curves with no point twice: an iteration is sent once, right
-after its metrics.jsonl line (its commit point), and a resume only redoes iterations that have no line.
+CoEvolve's own panel. A resumed run continues the same curves with no point twice: an iteration is sent right after
+its metrics.jsonl line (its commit point), and `DIR/trackers-sent.json` keeps the last iteration sent. A resume redoes
+iterations that have no line, and one more under `run.async_save`: a kill while the checkpoint of a committed
+iteration was still being written drops that line and redoes the iteration, with the same values (exact resume),
+so its figures are not sent again. A kill between the line and the send leaves that one iteration off the trackers
+(it stays in metrics.jsonl and the report).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+from pathlib import Path
 from typing import Any, Mapping
+
+from coevolve.jsonl import atomic_write_text
 
 PREFIX = "coevolve"
 SKIPPED = ("iteration", "steps")
@@ -65,11 +73,29 @@ def prepare_trackers(trainer: Any, directory: Any) -> None:
             callback.logging_dir = os.path.join(str(directory), TENSORBOARD_DIR)
 
 
-def report_iteration(trainer: Any, record: Mapping[str, Any]) -> list[str]:
+SENT_FILE = "trackers-sent.json"
+
+
+def last_sent(directory: Path | None) -> int:
+    """The last iteration whose figures reached the trackers in this run directory (-1: none yet)."""
+    path = Path(directory) / SENT_FILE if directory is not None else None
+    if path is None or not path.exists():
+        return -1
+    try:
+        return int(json.loads(path.read_text())["iteration"])
+    except (ValueError, KeyError, TypeError):  # unreadable: send again rather than lose a point
+        return -1
+
+
+def report_iteration(trainer: Any, record: Mapping[str, Any], directory: Path | None = None) -> list[str]:
     """Send one iteration's figures to every tracker the trainer reports to, at its current global step; returns the
-    trackers written (none without a trainer, or on another process than the main one)."""
+    trackers written (none without a trainer, on another process than the main one, or for an iteration already
+    sent from `directory`, which then records this one as sent)."""
     if trainer is None or not trainer.state.is_world_process_zero:
         return []
+    iteration = int(record.get("iteration", -1))
+    if directory is not None and iteration <= last_sent(directory):
+        return []  # redone after a kill mid-write (module docstring): the same values are on the curves already
     figures = iteration_figures(record)
     step = int(trainer.state.global_step)
     written = []
@@ -81,6 +107,8 @@ def report_iteration(trainer: Any, record: Mapping[str, Any]) -> list[str]:
             written += _trackio(callback, trainer, figures, step)
         elif kind == "WandbCallback":
             written += _wandb(callback, trainer, figures, step)
+    if written and directory is not None:
+        atomic_write_text(Path(directory) / SENT_FILE, json.dumps({"iteration": iteration}) + "\n")
     return written
 
 
