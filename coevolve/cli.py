@@ -191,7 +191,7 @@ def _task_file(path: str, env_name: str, check_task: Any = None) -> list:
 
 
 def _eval_env(args: argparse.Namespace, env, options: dict) -> int:
-    from coevolve.evaluate import ReplayError, evaluate, load_replay, oracle_script
+    from coevolve.evaluate import ReplayError, evaluate, load_replay, lost_episodes, oracle_script
 
     if args.policy.startswith("model:"):
         return _eval_model(args, env, options)
@@ -210,20 +210,21 @@ def _eval_env(args: argparse.Namespace, env, options: dict) -> int:
     else:
         raise UsageError(f"unknown policy {args.policy!r}; use oracle, replay:FILE or model:ID_OR_PATH")
     report = evaluate(env, tasks, script_for, args.policy, env.category)
-    _show(report, env, args.json)
+    lost = lost_episodes(report)  # the env's own failures: a scripted policy has no other way to fail outside
+    _show(report, env, args.json, outside=len(lost), cause=lost[0] if lost else None)
     return 0
 
 
-def _show(report, env, as_json: bool, outside: int = 0, cause: str | None = None) -> None:
+def _show(report, env, as_json: bool, outside: int = 0, cause: str | None = None, model: bool = False) -> None:
     """The report, with the env's own metrics when it has some (AppWorld: TGC and SGC), and how many episodes
-    failed outside the model (their 0 is not the model's score)."""
+    failed outside the model or script (their 0 is not the policy's score)."""
     extra = env.metrics(report.per_task())
     if as_json:
         print(json.dumps({**report.to_dict(), **extra, "failed_outside_model": outside}))
         return
     if outside:
-        print(f"warning: {outside} of {report.n} episodes failed outside the model (e.g. {cause}); they score 0 "
-              "here", file=sys.stderr)
+        print(f"warning: {outside} of {report.n} episodes failed outside the {'model' if model else 'script'} "
+              f"(e.g. {cause}); they score 0 here", file=sys.stderr)
     _print_report(report)
     if extra:
         print("  ".join(f"{key} {value:.4f}" if isinstance(value, float) else f"{key} {value}"
@@ -271,7 +272,7 @@ def _eval_model(args: argparse.Namespace, env, options: dict) -> int:
         print(f"coevolve eval: error: every episode ({len(failed)}) failed outside the model, e.g. {failed[0]}; "
               "no result", file=sys.stderr)
         return EXIT_FAILED
-    _show(report, env, args.json, outside=len(failed), cause=failed[0] if failed else None)
+    _show(report, env, args.json, outside=len(failed), cause=failed[0] if failed else None, model=True)
     return 0
 
 

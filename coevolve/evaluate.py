@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from coevolve.envs.base import Env
+from coevolve.envs.base import ENV_FAILURE, Env
 from coevolve.jsonl import jsonl_rows
 from coevolve.records import Check, Score, Task
 
@@ -79,6 +79,19 @@ class EvalReport:
             "per_task": self.per_task(),
             "failures": {r.name: list(r.score.reasons) for r in self.results if not r.score.success},
         }
+
+
+def lost_episodes(report: EvalReport) -> list[str]:
+    """One reason per episode the env lost (a failed check of kind `ENV_FAILURE`: a worker that died, a server
+    that stopped answering): their 0 is not the policy's score. Model policies count theirs in the rollout
+    engine (`Trajectory.failure`); scripted ones have only the score."""
+    lost = []
+    for result in report.results:
+        reason = next((check.reason for check in result.score.checks
+                       if check.kind == ENV_FAILURE and not check.passed), None)
+        if reason is not None:
+            lost.append(f"environment: {reason}")
+    return lost
 
 
 def oracle_script(task: Task) -> Script:

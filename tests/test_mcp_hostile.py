@@ -94,6 +94,10 @@ def test_tools_that_exit_cost_their_episode_and_eval_reports_every_task(hostile)
     assert report["per_task"] == {"fine": 1, "leave": 0, "hard": 0}
     assert "SystemExit" in report["failures"]["leave"][0]
     assert "exit code 7" in report["failures"]["hard"][0]
+    assert report["failed_outside_model"] == 2  # the server lost both episodes: their 0 is not the script's
+    plain = run_cli(hostile, "eval", "--env", "mcp:hostile_server:make_server", "--tasks", "tasks.jsonl",
+                    "--policy", "oracle")
+    assert "warning: 2 of 3 episodes failed outside the script (e.g. environment: " in plain.stderr, plain.stderr
 
 
 def test_env_check_names_each_tool_that_exits_instead_of_ending_silently(hostile):
