@@ -14,11 +14,14 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv-gpu}
 PYTHON=${PYTHON:-python3}
 # requirements/gpu.txt plus base.txt, a package pinned in gpu.txt replacing base.txt's pin (see gpu.txt for why).
+# base.txt's packages a GPU host goes without: trackio 0.43 (its latest) needs pillow < 13 and vLLM 0.33 pillow >= 13,
+# so pip's resolver refuses the two together; report to tensorboard or wandb there.
+WITHOUT="trackio"
 requirements() {
     cat requirements/gpu.txt
     local pinned
     pinned=$(sed -n 's/^\([A-Za-z0-9_.-]*\)==.*/\1/p' requirements/gpu.txt | paste -sd'|')
-    grep -Ev "^($pinned)==" requirements/base.txt
+    grep -Ev "^($pinned|$WITHOUT)==" requirements/base.txt
     cat requirements/test.txt  # so the GPU tests run there too: .venv-gpu/bin/python -m pytest -m gpu
 }
 if [ "${1:-}" = "--requirements" ]; then requirements; exit 0; fi

@@ -62,6 +62,7 @@ def test_gpu_requirements_replace_the_base_pins_vllm_conflicts_with():
     assert done.returncode == 0 and len(names) == len(set(names))  # one pin per package
     assert "transformers==5.20.2" in pins and "numpy==2.3.5" in pins and "vllm==0.33.0" in pins
     assert "trl==1.16.0" in pins and "peft==0.21.2" in pins  # the rest of base.txt stays
+    assert "trackio" not in names and "tensorboard==2.21.0" in pins  # trackio's pillow < 13 against vLLM's >= 13
 
 
 def test_gpu_check_runs_on_the_cpu_at_a_tiny_size(tmp_path, smol_dir):
