@@ -69,6 +69,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._report import machine_line, write_section  # noqa: E402
 from bench.replicate_records import (SIGNALS, code_commit, config_differences, load_record,  # noqa: E402
                                      record_of, save_record)
+from coevolve.config import paper_overrides  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "lite-shift.yaml"
@@ -167,7 +168,7 @@ ARMS = {
     "steered + random rest": ["run.mode=coevolve", GUIDED, UNEXPLORED, *CURRICULUM, STATES,
                               "synthesis.rest_contexts=random"],
     # The paper's signal ablations and the first round's arms (guidance and the unexplored rare off), on request.
-    "paper coevolve": ["run.mode=coevolve"],
+    "paper coevolve": ["run.mode=coevolve", *paper_overrides()],  # coevolve.config.STEERING at the paper's values
     "synthetic": ["run.mode=synthetic"],
     "coevolve w/o forgetting": ["run.mode=coevolve", GUIDED, UNEXPLORED, "signals.enabled=[boundary,rare]"],
     "coevolve w/o boundary": ["run.mode=coevolve", GUIDED, UNEXPLORED, "signals.enabled=[forgetting,rare]"],

@@ -369,6 +369,9 @@ def _train_parser(subparsers) -> None:
     parser.add_argument("--dry-run", action="store_true",
                         help="check the config (and, with --resume, that it may continue the run) and print it "
                              "resolved; load nothing, write nothing")
+    parser.add_argument("--paper", action="store_true",
+                        help="the paper's coevolve: every switch of coevolve.config.STEERING back to the paper's value "
+                             "(guidance, the unexplored and state rare, the history sampler off); overrides still win")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value",
                         help="config overrides, e.g. grpo.learning_rate=2e-6 run.max_steps=40")
     parser.set_defaults(handler=run_train)
@@ -384,7 +387,7 @@ def _leave_process_group() -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from coevolve.config import ConfigError
+    from coevolve.config import ConfigError, paper_overrides
     from coevolve.loop import run
     from coevolve.policy.models import ModelError
     from coevolve.rollout import RolloutFailures
@@ -392,6 +395,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     if not args.config and not args.resume:
         raise UsageError("--config FILE is required (e.g. configs/lite-static.yaml), unless --resume")
+    overrides = [*paper_overrides(), *args.overrides] if args.paper else list(args.overrides)
     try:
         if args.dry_run:  # everything a run checks before it writes: the config, the env, D_0, the held-out set
             import yaml
@@ -399,7 +403,7 @@ def run_train(args: argparse.Namespace) -> int:
             from coevolve.run_setup import (build_env, build_eval, check_heldout, env_check_warnings, load_tasks,
                                             resolve_config)
 
-            config, _ = resolve_config(args.config, args.overrides, args.output_dir, args.resume)
+            config, _ = resolve_config(args.config, overrides, args.output_dir, args.resume)
             env = build_env(config)
             seed_tasks, (_, heldout) = load_tasks(config, env), build_eval(config, env)
             if config.run.mode != "zero-shot" and config.loop.d0 == "entries":
@@ -408,7 +412,7 @@ def run_train(args: argparse.Namespace) -> int:
                 print(f"coevolve train: warning: {line}", file=sys.stderr)
             print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
             return 0
-        run(args.config, args.overrides, args.output_dir, args.resume)
+        run(args.config, overrides, args.output_dir, args.resume)
     except (ConfigError, ModelError, TrainingError, RolloutFailures) as error:
         raise UsageError(str(error)) from None
     finally:

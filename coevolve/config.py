@@ -361,6 +361,24 @@ class Config:
         return _plain(dataclasses.asdict(self))
 
 
+STEERING = {
+    "grpo.guidance": ("off", "solution"),
+    "signals.unexplored": (False, True),
+    "signals.unexplored_states": (False, True),
+    "loop.sampler": ("uniform", "history"),
+}
+"""The paper-faithful switches in one place: key -> (the paper's value, the default of every section here; the
+value the shipped coevolve configs set, bench/replicate.py's `coevolve steered` arm). Turned on there from the
+replication's training-side counts (README "Steering"); `coevolve train --paper` sets each back to the paper's."""
+
+
+def paper_overrides() -> list[str]:
+    """The dotted overrides that give any config the paper's coevolve (`coevolve train --paper`)."""
+    # Strings quoted: YAML 1.1 reads a bare `off` as false.
+    return [f"{key}={str(paper).lower() if isinstance(paper, bool) else repr(paper)}"
+            for key, (paper, _shipped) in STEERING.items()]
+
+
 RANGES = {
     "run.max_steps": ">= 1", "run.save_steps": ">= 1", "run.save_total_limit": ">= 1", "run.seed": ">= 0",
     "run.logging_steps": ">= 1",

@@ -42,11 +42,17 @@ def qwen3_dir(tmp_path_factory, tokenizer):
     return save_model(build_tiny_model(qwen3, family="qwen3"), qwen3, tmp_path_factory.mktemp("qwen3"))
 
 
-def test_the_paper_arm_and_its_baseline_differ_only_in_the_loop():
-    static, coevolve = (load_config(CONFIGS / name) for name in ("bfcl-qwen3-4b.yaml", "bfcl-qwen3-4b-coevolve.yaml"))
+def test_the_coevolve_arm_and_its_baseline_differ_only_in_the_loop_and_the_steering_switches():
+    """Plain GRPO (the paper's baseline) against coevolve: the same learner; with `--paper` (coevolve.config.STEERING
+    back at the paper's values) nothing but the mode differs."""
+    from coevolve.config import paper_overrides
+
+    static = load_config(CONFIGS / "bfcl-qwen3-4b.yaml")
+    coevolve, paper = (load_config(CONFIGS / "bfcl-qwen3-4b-coevolve.yaml", extra) for extra in ([], paper_overrides()))
     assert (static.run.mode, coevolve.run.mode) == ("static", "coevolve")
+    assert coevolve.loop.sampler == "history" and coevolve.signals.unexplored_states
     for section in ("env", "model", "rollout", "grpo", "lora", "vllm", "loop", "signals"):
-        assert getattr(static, section) == getattr(coevolve, section), section
+        assert getattr(static, section) == getattr(paper, section), section
 
 
 @pytest.mark.parametrize("path", GPU_CONFIGS, ids=[p.name for p in GPU_CONFIGS])

@@ -158,9 +158,12 @@ def test_resume_with_a_config_file_uses_it_and_refuses_what_it_may_not_change(tm
     (["synthesis.focus_retries=8"], "synthesis.focus_retries"),
 ])
 def test_a_resume_refuses_a_change_to_how_the_pool_is_drawn_or_explored(tmp_path, overrides, key):
+    from coevolve.config import paper_overrides
+
     directory = tmp_path / "run"
     directory.mkdir()
-    write_config(load_config(REPO / "configs" / "quickstart.yaml", [f"run.output_dir={directory}"]),
+    # The paper's coevolve (uniform draw), so that each override changes what the run was started with.
+    write_config(load_config(REPO / "configs" / "quickstart.yaml", [f"run.output_dir={directory}", *paper_overrides()]),
                  directory / "config.yaml")
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         resolve_config(None, overrides, str(directory), resume=True)
