@@ -80,7 +80,19 @@ def config_line() -> str:
             f"{run['max_steps']} GRPO steps of {grpo['prompts_per_step']} tasks x K={config['rollout']['group_size']} "
             f"in {iterations} iterations, lr {grpo['learning_rate']}, T={config['rollout']['temperature']}, "
             f"reward {grpo.get('reward', 'env')}, "
-            f"{config['synthesis']['explorer']} explorer + {config['synthesis']['abstractor']} abstractor")
+            f"{config['synthesis']['explorer']} explorer + {config['synthesis']['abstractor']} abstractor, "
+            f"steering (coevolve.config.STEERING): {steering(config)}")
+
+
+def steering(config: dict) -> str:
+    """The paper-faithful switches as the config sets them (absent = the paper's value)."""
+    from coevolve.config import STEERING
+
+    def value(key: str) -> object:
+        section, name = key.split(".")
+        return (config.get(section) or {}).get(name, STEERING[key][0])
+
+    return ", ".join(f"{key} {str(value(key)).lower()}" for key in STEERING)
 
 
 def main() -> None:
