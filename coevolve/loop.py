@@ -39,7 +39,8 @@ random, as many as the signals would have given), coevolve. `loop.d0: explored` 
 what one synthesis pass admits before training, the env's tasks only start explorations. `signals.enabled`
 switches signals off; `synthesis.check_execution: false` switches validation by execution off.
 
-Where this departs from the paper (the one list; the modules named say more):
+Where this departs from the paper (the one list; the modules named say more). The STEERING switches of 6-9 are
+off by default, on in the shipped coevolve configs (`coevolve.config.STEERING`; off again: `train --paper`):
 1. Iterations are counted in optimizer steps (`loop.steps_per_iteration`); the paper does not say how long one is.
 2. The signals read exactly the rollouts the trainer learned from in the iteration (no extra rollouts); a task's
    success rate s_now is the mean over its rollouts in the iteration (`coevolve.signals`, which also pins down W, θ
@@ -55,17 +56,17 @@ Where this departs from the paper (the one list; the modules named say more):
    sets a share, `loop.signal_weights` weighs synthetic tasks by signal; `unexplored`: tasks made for a tool no
    rollout had called); the paper does not say how D_t is sampled. `loop.recur_fraction` gives a share of the
    sample to recently solved tasks: forgetting compares a task's rate with its own history, which a uniform sample
-   of a pool hundreds of tasks large gives almost no task. `loop.sampler: history` (off by default) weighs each
+   of a pool hundreds of tasks large gives almost no task. `loop.sampler: history` (a STEERING switch) weighs each
    task by its own tries instead (`coevolve.curriculum`): never tried soon after admission, mixed outcomes
    favoured, mastered and failing tasks decaying but retested; metrics.jsonl's `draw` counts what each sample held.
-7. `grpo.guidance: solution` (off by default): a group whose K rollouts all fail on a task with a verified solution
+7. `grpo.guidance: solution` (STEERING): a group whose K rollouts all fail on a task with a verified solution
    trains on that solution in place of one rollout, LUFFY-style off-policy guidance (`coevolve.guidance`); the
    signals, train success and the report read the policy's own rollouts only.
-8. `signals.unexplored: true` (off by default): rare also fires on a tool the iteration's tasks expose and no
+8. `signals.unexplored: true` (STEERING): rare also fires on a tool the iteration's tasks expose and no
    rollout called (the paper's rare needs c_p > 0); its exploration must call the tool and its abstraction keeps
    the shortest solutions that end in it (`coevolve.signals`, `coevolve.explore`, `coevolve.abstract`); with
    `signals.unexplored_orders` also on an ordered pair of tools no rollout made (validation: `order_free`).
-9. `signals.unexplored_states: true` (off by default): rare also fires on an action state (`tool@state`, the env's
+9. `signals.unexplored_states: true` (STEERING): rare also fires on an action state (`tool@state`, the env's
    `states`: BFCL's working directory, other envs' arguments given) that D_{t-1}'s solutions and the iteration's
    rollouts reached fewer than `signals.rare_below` times; these contexts come before the kinds' turns of note 3;
    their exploration reaches the state first, on values it has observed, and abstraction keeps the shortest
