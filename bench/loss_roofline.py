@@ -21,7 +21,7 @@ roofline leaves out (norms, activations, the log-softmax over the vocabulary, th
 the optimizer-free parts of the step clock's `loss`) is what the loss spends above it.
 
 Usage: `python bench/loss_roofline.py [--configs quickstart lite-tools] [--steps 4] [--eval-tasks 4]
-[--no-write]`; writes the `loss_roofline` section of BENCHMARKS.md.
+[--overrides section.key=value ...] [--no-write]`; writes the `loss_roofline` section of BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def head_seconds(roofline, scored: int, grad: bool) -> float:
     return 2 * scored * roofline.head_weights / roofline.at(max(1, scored)) * (3 if grad else 1)
 
 
-def child(config: str, steps: int, eval_tasks: int, out: Path) -> None:
+def child(config: str, steps: int, eval_tasks: int, out: Path, overrides: list[str]) -> None:
     """Run one short training, recording the loss's forward calls, and write them with the run's clock to `out`."""
     import torch
     import transformers
@@ -134,7 +134,7 @@ def child(config: str, steps: int, eval_tasks: int, out: Path) -> None:
         run = Path(directory) / "run"
         code = cli_main(["train", "--config", str(REPO / "configs" / f"{config}.yaml"), "--output-dir", str(run),
                          f"run.max_steps={steps}", f"loop.steps_per_iteration={steps}",
-                         f"loop.eval_limit={eval_tasks}", "run.report_to=[]"])
+                         f"loop.eval_limit={eval_tasks}", "run.report_to=[]", *overrides])
         if code:
             raise SystemExit(f"{config}: coevolve train exited {code}")
         loss = sum(line.get("train_seconds", {}).get("loss", 0.0) for line in read_jsonl(run / "metrics.jsonl"))
@@ -203,22 +203,25 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--overrides", nargs="*", default=[], metavar="section.key=value",
+                        help="config overrides for every run (e.g. grpo.micro_batch_size=16)")
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.steps, args.eval_tasks, Path(args.json))
+        child(args.child, args.steps, args.eval_tasks, Path(args.json), args.overrides)
         return
     results = []
     with tempfile.TemporaryDirectory() as directory:
         for config in args.configs:
             path = Path(directory) / f"{config}.json"
             done = subprocess.run([sys.executable, __file__, "--child", config, "--json", str(path), "--steps",
-                                   str(args.steps), "--eval-tasks", str(args.eval_tasks)], cwd=REPO,
+                                   str(args.steps), "--eval-tasks", str(args.eval_tasks),
+                                   *(["--overrides", *args.overrides] if args.overrides else [])], cwd=REPO,
                                   capture_output=True, text=True)
             if done.returncode:
                 raise SystemExit(f"{config} failed:\n{done.stderr[-3000:]}")
             results.append(json.loads(path.read_text()))
     command = (f"python bench/loss_roofline.py --configs {' '.join(args.configs)} --steps {args.steps} "
-               f"--eval-tasks {args.eval_tasks}")
+               f"--eval-tasks {args.eval_tasks}" + (f" --overrides {' '.join(args.overrides)}" if args.overrides else ""))
     text = section(results, command)
     print(text)
     if not args.no_write:
