@@ -214,8 +214,8 @@ def main() -> None:
         for config in args.configs:
             path = Path(directory) / f"{config}.json"
             done = subprocess.run([sys.executable, __file__, "--child", config, "--json", str(path), "--steps",
-                                   str(args.steps), "--eval-tasks", str(args.eval_tasks),
-                                   *(["--overrides", *args.overrides] if args.overrides else [])], cwd=REPO,
+                                   str(args.steps), "--eval-tasks", str(args.eval_tasks), "--overrides",
+                                   *args.overrides], cwd=REPO,
                                   capture_output=True, text=True)
             if done.returncode:
                 raise SystemExit(f"{config} failed:\n{done.stderr[-3000:]}")

@@ -81,18 +81,15 @@ def config_line() -> str:
             f"in {iterations} iterations, lr {grpo['learning_rate']}, T={config['rollout']['temperature']}, "
             f"reward {grpo.get('reward', 'env')}, "
             f"{config['synthesis']['explorer']} explorer + {config['synthesis']['abstractor']} abstractor, "
-            f"steering (coevolve.config.STEERING): {steering(config)}")
+            f"steering (coevolve.config.STEERING): {steering()}")
 
 
-def steering(config: dict) -> str:
-    """The paper-faithful switches as the config sets them (absent = the paper's value)."""
-    from coevolve.config import STEERING
+def steering() -> str:
+    """The paper-faithful switches as the quickstart config sets them."""
+    from coevolve.config import load_config, steering_of
 
-    def value(key: str) -> object:
-        section, name = key.split(".")
-        return (config.get(section) or {}).get(name, STEERING[key][0])
-
-    return ", ".join(f"{key} {str(value(key)).lower()}" for key in STEERING)
+    values = steering_of(load_config(REPO / "configs" / "quickstart.yaml"))
+    return ", ".join(f"{key} {str(value).lower()}" for key, value in values.items())
 
 
 def main() -> None:

@@ -367,16 +367,28 @@ STEERING = {
     "signals.unexplored_states": (False, True),
     "loop.sampler": ("uniform", "history"),
 }
-"""The paper-faithful switches in one place: key -> (the paper's value, the default of every section here; the
-value the shipped coevolve configs set, bench/replicate.py's `coevolve steered` arm). Turned on there from the
-replication's training-side counts (README "Steering"); `coevolve train --paper` sets each back to the paper's."""
+"""The paper-faithful switches in one place: key -> (the paper's value, every section's default; the value the shipped
+coevolve configs set from the replication's training-side counts, README "Steering"). `coevolve train --paper`."""
+
+
+def _steering_overrides(which: int) -> list[str]:  # strings quoted: YAML 1.1 reads a bare `off` as false
+    return [f"{key}={str(pair[which]).lower() if isinstance(pair[which], bool) else repr(pair[which])}"
+            for key, pair in STEERING.items()]
 
 
 def paper_overrides() -> list[str]:
     """The dotted overrides that give any config the paper's coevolve (`coevolve train --paper`)."""
-    # Strings quoted: YAML 1.1 reads a bare `off` as false.
-    return [f"{key}={str(paper).lower() if isinstance(paper, bool) else repr(paper)}"
-            for key, (paper, _shipped) in STEERING.items()]
+    return _steering_overrides(0)
+
+
+def shipped_overrides() -> list[str]:
+    """The dotted overrides that set every STEERING switch as the shipped coevolve configs do."""
+    return _steering_overrides(1)
+
+
+def steering_of(config: Config) -> dict[str, Any]:
+    """Each STEERING switch as `config` sets it."""
+    return {key: getattr(getattr(config, key.split(".")[0]), key.split(".")[1]) for key in STEERING}
 
 
 RANGES = {

@@ -136,15 +136,14 @@ def test_yaml_nested_past_the_parser_is_one_line(tmp_path):
 def test_every_steering_switch_defaults_to_the_papers_value_and_paper_overrides_undo_the_shipped_ones():
     """coevolve.config.STEERING is the one list of switches the shipped coevolve configs set away from the paper:
     each section's default is the paper's value, and `paper_overrides` brings a steered config back to it."""
-    from coevolve.config import STEERING, paper_overrides
+    from coevolve.config import STEERING, paper_overrides, shipped_overrides, steering_of
 
     defaults = Config()
-    for key, (paper, shipped) in STEERING.items():
-        section, name = key.split(".")
-        assert getattr(getattr(defaults, section), name) == paper != shipped, key
-    steered = [f"{key}={str(shipped).lower() if isinstance(shipped, bool) else shipped}"
-               for key, (_, shipped) in STEERING.items()]
+    for key, value in steering_of(defaults).items():
+        assert value == STEERING[key][0] != STEERING[key][1], key
+    steered = shipped_overrides()
     assert load_config(None, steered) != defaults
+    assert steering_of(load_config(None, steered)) == {key: shipped for key, (_, shipped) in STEERING.items()}
     assert load_config(None, [*steered, *paper_overrides()]) == defaults
 
 
@@ -156,14 +155,13 @@ def test_the_shipped_coevolve_configs_turn_on_what_the_replication_supports(path
     """The quickstart and the GPU coevolve configs set every STEERING switch to its shipped value; guidance only
     where each micro-batch holds whole groups (on several processes a split group is refused: run_setup). The
     replication's settings (lite-*.yaml) stay the paper's: bench/replicate.py's arms set the switches."""
-    from coevolve.config import STEERING
+    from coevolve.config import STEERING, steering_of
 
     config = load_config(path)
     whole_groups = (config.grpo.micro_batch_size or config.rollout.group_size) % config.rollout.group_size == 0
-    for key, (paper, shipped) in STEERING.items():
-        section, name = key.split(".")
-        want = shipped if key != "grpo.guidance" or whole_groups else paper
-        assert getattr(getattr(config, section), name) == want, key
+    for key, value in steering_of(config).items():
+        paper, shipped = STEERING[key]
+        assert value == (shipped if key != "grpo.guidance" or whole_groups else paper), key
     assert any(p.name == "quickstart.yaml" for p in SHIPPED_COEVOLVE)
 
 
@@ -171,16 +169,14 @@ def test_train_paper_sets_every_switch_back_and_a_later_override_still_wins(tmp_
     import yaml
 
     from coevolve.cli import main
-    from coevolve.config import STEERING, from_dict
+    from coevolve.config import STEERING, from_dict, steering_of
 
     quickstart = str(CONFIGS[0].parent / "quickstart.yaml")
     resolved = {}
     for name, extra in (("shipped", []), ("paper", ["--paper"]), ("paper+", ["--paper", "signals.unexplored=true"])):
         assert main(["train", "--config", quickstart, "--dry-run", "--output-dir", str(tmp_path / name), *extra]) == 0
         resolved[name] = from_dict(yaml.safe_load(capsys.readouterr().out))
-    for key, (paper, shipped) in STEERING.items():
-        section, name = key.split(".")
-        assert getattr(getattr(resolved["shipped"], section), name) == shipped, key
-        assert getattr(getattr(resolved["paper"], section), name) == paper, key
+    assert steering_of(resolved["shipped"]) == {key: shipped for key, (_, shipped) in STEERING.items()}
+    assert steering_of(resolved["paper"]) == {key: paper for key, (paper, _) in STEERING.items()}
     assert resolved["paper+"].signals.unexplored and not resolved["paper+"].signals.unexplored_states
     assert not (tmp_path / "paper").exists()
