@@ -1,8 +1,10 @@
 """The GRPO loss's forward and backward on CPU: TRL's per-row scoring vs shared-prompt scoring, in one process.
 
-Question: how much of a quickstart step's training work do the two exact shortcuts of `coevolve.train` remove?
+Question: how much of a quickstart step's training work do the exact shortcuts of `coevolve.train` remove?
 (1) `coevolve.prefix`: the prompt prefix a micro-batch shares is run once, with the groups kept whole in
-micro-batches (instead of TRL's shuffle); (2) micro-batches whose advantages are all zero skip the model.
+micro-batches (instead of TRL's shuffle); (1b) the prefix the whole step shares runs once per step, its gradient
+carried back after the last micro-batch (`StepPrefix`, `grpo.shared_step_prefix`); (2) micro-batches whose
+advantages are all zero skip the model.
 
 Method: SmolLM2-135M (fp32, CPU) with TRL's fused LM head (T=0.5), the quickstart's prompt (signatures tool list,
 3 worked examples) for `--tasks` BFCL-lite train tasks, K=`--group-size` replies each sampled by our engine
@@ -85,8 +87,9 @@ def generation_batch(tasks: int, group_size: int):
     return model, torch.tensor(ids), torch.tensor(mask), completion_width, sum(map(len, prompts)) / len(prompts)
 
 
-def time_pass(model, micro_batches, score) -> tuple[float, list]:
-    """Seconds for forward + backward over all micro-batches, and the log-probabilities (row order kept)."""
+def time_pass(model, micro_batches, score, finish=lambda: None) -> tuple[float, list]:
+    """Seconds for forward + backward over all micro-batches (and `finish`, the step's last backward), and the
+    log-probabilities (row order kept)."""
     import torch
 
     model.zero_grad(set_to_none=True)
@@ -97,6 +100,7 @@ def time_pass(model, micro_batches, score) -> tuple[float, list]:
         advantages = torch.linspace(-1.0, 1.0, len(rows))[:, None]
         (logps * advantages * mask[:, -keep:]).sum().backward()
         outputs.append((rows, logps.detach()))
+    finish()
     return time.perf_counter() - started, outputs
 
 
@@ -121,7 +125,7 @@ def main() -> None:
     import torch
     from trl import GRPOTrainer
 
-    from coevolve.prefix import shared_prefix_length, shared_prefix_logps
+    from coevolve.prefix import shared_prefix_length, shared_prefix_logps, step_prefix_of
 
     torch.manual_seed(0)
     model, ids, mask, keep, prompt_tokens = generation_batch(args.tasks, args.group_size)
@@ -136,14 +140,24 @@ def main() -> None:
         shared = shared_prefix_length(batch_ids, batch_mask, batch_ids.size(1) - width)
         return shared_prefix_logps(model, batch_ids, batch_mask, width, shared, True, contextlib.nullcontext)[0]
 
+    prompt_width = ids.size(1) - keep
+    step = step_prefix_of(ids[:, :prompt_width], mask[:, :prompt_width])
+
+    def step_score(batch_ids, batch_mask, width):
+        shared = shared_prefix_length(batch_ids, batch_mask, batch_ids.size(1) - width)
+        return shared_prefix_logps(model, batch_ids, batch_mask, width, shared, True, contextlib.nullcontext,
+                                   step_prefix=(step, 0))[0]
+
     shuffled = torch.randperm(total, generator=torch.Generator().manual_seed(0)).tolist()
-    layouts = {"trl": (shuffled, trl_score), "shared": (list(range(total)), shared_score)}
+    whole = list(range(total))
+    layouts = {"trl": (shuffled, trl_score, lambda: None), "shared": (whole, shared_score, lambda: None),
+               "step": (whole, step_score, step.backward)}
     seconds: dict[str, list[float]] = {name: [] for name in layouts}
     logps: dict[str, torch.Tensor] = {}
     for repeat in range(args.repeats + 1):
-        for name, (order, score) in layouts.items():
+        for name, (order, score, finish) in layouts.items():
             micro = [(order[i:i + K], ids[order[i:i + K]], mask[order[i:i + K]], keep) for i in range(0, total, K)]
-            took, outputs = time_pass(model, micro, score)
+            took, outputs = time_pass(model, micro, score, finish)
             if repeat:  # the first pass warms up
                 seconds[name].append(took)
             full = torch.zeros(total, keep)
@@ -152,13 +166,14 @@ def main() -> None:
             logps[name] = full
             print(f"pass {repeat} {name:6s} {took:6.2f}s", flush=True)
     completion = mask[:, -keep:].bool()
-    difference = float((logps["trl"] - logps["shared"])[completion].abs().max())
+    difference = max(float((logps["trl"] - logps[name])[completion].abs().max()) for name in ("shared", "step"))
     trl_s, shared_s = statistics.median(seconds["trl"]), statistics.median(seconds["shared"])
+    step_s = statistics.median(seconds["step"])
     shared_tokens = shared_prefix_length(ids[:K], mask[:K], ids.size(1) - keep)
     skip, skip_steps = skipped_fraction()
     both = shared_s * (1 - skip) if skip is not None else None
-    print(f"trl {trl_s:.2f}s shared {shared_s:.2f}s ratio {shared_s / trl_s:.3f}; max |logp diff| {difference:.2e}; "
-          f"skipped share {skip}")
+    print(f"trl {trl_s:.2f}s shared {shared_s:.2f}s step {step_s:.2f}s ratio {shared_s / trl_s:.3f} "
+          f"{step_s / trl_s:.3f}; max |logp diff| {difference:.2e}; skipped share {skip}")
     if args.no_write:
         return
     skip_line = ("No quickstart runs with `skipped_flat_micro_batches` were found under `runs/bench-quickstart` "
@@ -172,9 +187,10 @@ def main() -> None:
     write_section("shared_prefix", f"""
 ## GRPO loss on CPU: TRL's per-row scoring vs shared-prompt scoring (`bench/shared_prefix.py`)
 
-Question: how much of a quickstart step's training work (forward and backward of the loss) do the two exact
-shortcuts remove: (1) the prompt prefix a micro-batch shares run once, groups kept whole in micro-batches; (2)
-micro-batches whose advantages are all zero skipping the model? Baseline: TRL's
+Question: how much of a quickstart step's training work (forward and backward of the loss) do the exact
+shortcuts remove: (1) the prompt prefix a micro-batch shares run once, groups kept whole in micro-batches; (1b)
+the prefix the whole step shares run once per step (`grpo.shared_step_prefix`); (2) micro-batches whose
+advantages are all zero skipping the model? Baseline: TRL's
 `_get_per_token_logps_and_entropies` on TRL's shuffled micro-batches, same model, same batch, same process.
 
 Command: `python bench/shared_prefix.py --tasks {args.tasks} --group-size {args.group_size} --repeats
@@ -186,6 +202,9 @@ sampled replies (<= {keep} tokens), micro-batches of K rows; median of {args.rep
 |---|---|---|
 | TRL (shuffled micro-batches, every row from its first token) | {trl_s:.2f} | 1.000 |
 | shared prefix (whole groups, {shared_tokens} prompt tokens run once per micro-batch) | {shared_s:.2f} | {shared_s / trl_s:.3f} |
+| + step prefix (the {len(step)} tokens every row shares run once per step) | {step_s:.2f} | {step_s / trl_s:.3f} |
+
+Shared prefix / step prefix: **{shared_s / step_s:.2f}x**.
 
 The two paths' log-probabilities differ by at most {difference:.1e} (float rounding; `tests/test_prefix.py` checks
 log-probabilities, entropies, gradients and the weights after three training steps against TRL's path).

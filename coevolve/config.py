@@ -189,8 +189,9 @@ class GRPOSection:
     partial_credit: float = 0.5
     """With reward `graded`: the most an unsolved trajectory can earn (below 1, so solving always ranks first)."""
     shared_prefix: bool = True
-    """Score the prompt prefix common to a micro-batch once (the same log-probabilities and gradients, a fraction
-    of the work; `coevolve.prefix`). Applies in one process without gradient checkpointing; else TRL's path."""
+    """A micro-batch's common prompt prefix scored once (same gradients; `coevolve.prefix`; one process only)."""
+    shared_step_prefix: bool = True
+    """With `shared_prefix`: the prefix all of a step's prompts share runs once a step (`coevolve.prefix`)."""
     skip_flat_micro_batches: bool = True
     """Skip the forward/backward of a micro-batch whose advantages are all zero when nothing else is in the loss
     (beta = 0): its loss and gradient are exactly zero (`coevolve.train`). False = TRL's work, for comparison."""

@@ -143,19 +143,44 @@ def guide_groups(trajectories: Sequence[Trajectory], group_size: int, tasks: Map
 
 
 def model_scorer(model: Any, temperature: float) -> Scorer:
-    """log_softmax(logits / temperature) of each completion token given everything before it, from one forward
-    pass of `model` (the quantity token backends report for sampled tokens; see `coevolve.policy.backends`)."""
+    """log_softmax(logits / temperature) of each completion token given everything before it, under `model` (the
+    quantity token backends report for sampled tokens; see `coevolve.policy.backends`). One scorer serves one
+    step's guided episodes, whose prompts open alike (system message, tools, worked examples): the keys and values
+    of the last prompt are kept, and the next episode runs only from where it departs from them (the same
+    log-probabilities: a position never sees what follows it). The LM head runs on the scored positions only."""
     import torch
+    from transformers import DynamicCache
+
+    from coevolve.policy.hf_backend import cache_keyword, common_prefix_length
 
     temperature = temperature if temperature and temperature > 0 else 1.0
+    kept: dict[str, Any] = {"tokens": [], "layers": []}
+    """The last prompt (all but its last token) and its keys and values per layer."""
+
+    def cache_of(length: int) -> Any:
+        cache = DynamicCache(config=model.config)
+        for index, (keys, values) in enumerate(kept["layers"]):
+            cache.update(keys[:, :, :length], values[:, :, :length], index)
+        return cache
 
     def score(prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
         if not completion_ids:
             return []
         device = next(model.parameters()).device
-        ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=device)
+        ids = list(prompt_ids) + list(completion_ids)
+        context = len(prompt_ids) - 1  # the positions before the first one whose output is scored
+        shared = min(common_prefix_length([kept["tokens"], ids]), context)
+        keyword = cache_keyword(model)
         with torch.no_grad():
-            logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1].float() / temperature
+            if shared < context:  # keep this prompt's own keys and values for the next episode
+                cache = cache_of(shared)
+                model(input_ids=torch.tensor([ids[shared:context]], device=device), use_cache=True,
+                      logits_to_keep=1, **{keyword: cache})
+                kept["tokens"] = ids[:context]
+                kept["layers"] = [(layer.keys, layer.values) for layer in cache.layers]
+            logits = model(input_ids=torch.tensor([ids[context:]], device=device), use_cache=True,
+                           logits_to_keep=len(completion_ids) + 1, **{keyword: cache_of(context)}).logits
+        logits = logits[0, :-1].float() / temperature
         chosen = torch.tensor(list(completion_ids), device=device).unsqueeze(1)
         return torch.log_softmax(logits, dim=-1).gather(1, chosen).squeeze(1).tolist()
 

@@ -14,6 +14,14 @@ the rows' gradients, which is what the per-row forward accumulates. Positions ar
 offset: RoPE attention depends on relative positions only, so TRL's padded positions score the same). Tests check
 log-probabilities, entropies and gradients against TRL's path on a tiny model.
 
+Across the micro-batches of one optimizer step (`StepPrefix`, `grpo.shared_step_prefix`): every group's prompt
+opens with the same system message, tool list and worked examples (~470 of the quickstart's ~500 prompt tokens),
+so that part runs once per step instead of once per micro-batch. Its keys and values are computed with gradients
+on the first micro-batch that needs them and handed to each micro-batch as leaves (detached copies that collect
+their gradient); each micro-batch runs its group's own prompt tail and its rows on top and back-propagates into
+the leaves; after the step's last micro-batch, one backward pass carries the leaves' summed gradient into the
+weights, before the optimizer step. Exact as above: the weights' gradient is the same sum, in another order.
+
 It applies when the micro-batch is text-only, the model is a causal LM that takes a `cache`, training runs in one
 process without gradient checkpointing (which turns the cache off), and the shared prefix is long enough to be
 worth a second forward call (`MIN_SHARED_TOKENS`); otherwise TRL's path runs unchanged. Not in the paper: an
@@ -44,22 +52,91 @@ def _cache(outputs: Any) -> Any:
     return getattr(outputs, "cache", None) or getattr(outputs, "past_key_values", None)
 
 
+class StepPrefix:
+    """The prompt prefix every row of one generation batch shares, run once per optimizer step (module
+    docstring). `keys_values` runs it on first use in a step and returns leaves; `backward` (after the step's last
+    micro-batch) carries what the leaves collected into the weights and forgets the step's graph."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = tokens
+        self._graph: list[torch.Tensor] = []
+        self._leaves: list[torch.Tensor] = []
+        self._step: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def keys_values(self, model: Any, autocast: Any, step: int) -> list[torch.Tensor]:
+        """[keys, values] of every layer (batch of one) as leaves that collect gradient, computed once per `step`
+        (a graph left from another step, e.g. by a loss that raised, is dropped: its weights are gone)."""
+        if self._step != step or not self._leaves:
+            ids = torch.tensor([self.tokens], device=model.device)
+            with autocast():
+                cache = _cache(model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True,
+                                     logits_to_keep=1))
+            if cache is None:
+                raise RuntimeError("the model returned no key/value cache for the shared prefix")
+            self._graph = [tensor for layer in cache.layers for tensor in (layer.keys, layer.values)]
+            self._leaves = [tensor.detach().requires_grad_(tensor.requires_grad) for tensor in self._graph]
+            self._step = step
+        return self._leaves
+
+    def backward(self) -> None:
+        """One backward pass of the prefix with the gradient its leaves collected over the step's micro-batches."""
+        pairs = [(tensor, leaf.grad) for tensor, leaf in zip(self._graph, self._leaves)
+                 if tensor.requires_grad and leaf.grad is not None]
+        self._graph, self._leaves, self._step = [], [], None
+        if pairs:
+            torch.autograd.backward([tensor for tensor, _ in pairs], grad_tensors=[grad for _, grad in pairs])
+
+
+def step_prefix_of(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> StepPrefix | None:
+    """The `StepPrefix` of a generation batch's left-padded prompts, or None when it is under `MIN_SHARED_TOKENS`."""
+    length = shared_prefix_length(prompt_ids, prompt_mask, prompt_ids.size(1))
+    if length < MIN_SHARED_TOKENS:
+        return None
+    start = int((prompt_mask[0] == 0).sum())
+    return StepPrefix(prompt_ids[0, start:start + length].tolist())
+
+
+def _cache_of(model: Any, keys_values: list[torch.Tensor]) -> Any:
+    """A fresh key/value cache holding `keys_values` (the leaves: the rows' cache grows by copies, not in them)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    for layer in range(len(keys_values) // 2):
+        cache.update(keys_values[2 * layer], keys_values[2 * layer + 1], layer)
+    return cache
+
+
 def shared_prefix_logps(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
-                        prefix_length: int, compute_entropy: bool,
-                        autocast: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+                        prefix_length: int, compute_entropy: bool, autocast: Any,
+                        step_prefix: tuple[StepPrefix, int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probabilities (and entropies) of the last `logits_to_keep` positions of each row, as TRL's
     `_get_per_token_logps_and_entropies` computes them for one chunk, with the first `prefix_length` real tokens
-    of every row (identical across rows) computed once. `model` carries TRL's fused LM head."""
+    of every row (identical across rows) computed once. `model` carries TRL's fused LM head. With `step_prefix`
+    (the step's `StepPrefix` and the optimizer step), its tokens come from its leaves and only the rest of the
+    `prefix_length` tokens run here, when the rows start with them."""
     rows, width = input_ids.shape
     prompt_width = width - logits_to_keep
     starts = (attention_mask[:, :prompt_width] == 0).sum(dim=1)
     first_start = int(starts[0])
     prefix = input_ids[:1, first_start:first_start + prefix_length]
-    with autocast():
-        # use_cache: the prefix's keys and values (with their autograd graph) are what the rows attend to.
-        prefix_out = model(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True,
-                           logits_to_keep=1)
-    cache = _cache(prefix_out)
+    shared = step_prefix[0] if step_prefix is not None else None
+    if shared is not None and (len(shared) > prefix_length or prefix[0, :len(shared)].tolist() != shared.tokens):
+        shared = None  # not this batch's prefix: score the chunk on its own
+    if shared is None:
+        with autocast():
+            # use_cache: the prefix's keys and values (with their autograd graph) are what the rows attend to.
+            cache = _cache(model(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True,
+                                 logits_to_keep=1))
+    else:
+        cache = _cache_of(model, shared.keys_values(model, autocast, step_prefix[1]))
+        if prefix_length > len(shared):  # the group's own prompt tail, once, on top of the step's prefix
+            with autocast():
+                model(input_ids=prefix[:, len(shared):], attention_mask=torch.ones_like(prefix), use_cache=True,
+                      position_ids=torch.arange(len(shared), prefix_length, device=prefix.device)[None],
+                      logits_to_keep=1, **{cache_keyword(model): cache})
     if cache is None:
         raise RuntimeError("the model returned no key/value cache for the shared prefix")
     cache.batch_repeat_interleave(rows)
@@ -88,6 +165,25 @@ def shared_prefix_logps(model: Any, input_ids: torch.Tensor, attention_mask: tor
     logps = outputs.log_probs[:, -logits_to_keep:]
     entropies = outputs.entropy[:, -logits_to_keep:] if compute_entropy else None
     return logps, entropies
+
+
+def score_in_chunks(base: Any, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    logits_to_keep: int, batch_size: int, compute_entropy: bool, autocast: Any,
+                    step_prefix: tuple[StepPrefix, int] | None) -> tuple[torch.Tensor, torch.Tensor | None, None]:
+    """TRL's `_get_per_token_logps_and_entropies` (`base`) chunk by chunk, where a chunk's rows share at least
+    `MIN_SHARED_TOKENS` prompt tokens through `shared_prefix_logps` (with the step's prefix, when given)."""
+    logps, entropies = [], []
+    for start in range(0, input_ids.size(0), batch_size):
+        ids, mask = input_ids[start:start + batch_size], attention_mask[start:start + batch_size]
+        shared = shared_prefix_length(ids, mask, ids.size(1) - logits_to_keep)
+        if shared >= MIN_SHARED_TOKENS:
+            chunk_logps, chunk_entropies = shared_prefix_logps(model, ids, mask, logits_to_keep, shared,
+                                                               compute_entropy, autocast, step_prefix=step_prefix)
+        else:
+            chunk_logps, chunk_entropies, _ = base(model, ids, mask, logits_to_keep, compute_entropy=compute_entropy)
+        logps.append(chunk_logps)
+        entropies.append(chunk_entropies)
+    return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None
 
 
 def flat_groups_last(advantages: Any, group_size: int) -> list[int]:

@@ -99,6 +99,22 @@ def test_model_scorer_gives_the_models_sampling_logprobs(tokenizer, tiny_model):
     assert values == pytest.approx(expected, abs=1e-5) and all(v < 0 for v in values)
 
 
+def test_model_scorer_reuses_the_prompt_it_shares_with_the_last_episode(tokenizer, tiny_model):
+    """A second episode whose prompt opens like the first runs only its own tokens, and scores what a fresh
+    scorer (a full pass) gives it; one that departs at once runs whole."""
+    opening = list(range(10, 50))
+    first, second, other = (opening + [1, 2], [5, 6]), (opening + [3], [7, 8, 9]), ([60, 61, 62], [5, 6])
+    expected = [model_scorer(tiny_model, 0.7)(*episode) for episode in (first, second, other)]
+    lengths = []
+    tiny_model.register_forward_pre_hook(lambda module, args, kwargs: lengths.append(kwargs["input_ids"].size(1)),
+                                         with_kwargs=True)
+    score = model_scorer(tiny_model, 0.7)
+    assert [score(*episode) for episode in (first, second, other)] == [pytest.approx(e, abs=1e-5) for e in expected]
+    # first: its prompt less the last token, then the rest (41 + 3); second: only its 4 tokens from position 40
+    # on; other: nothing shared, so its own prompt is kept again (2 + 3).
+    assert lengths == [41, 3, 4, 2, 3]
+
+
 def overrides(model_dir, tasks_file, *extra):
     return [f"model.name={model_dir}", "model.demos=0", "model.device=cpu", f"env.tasks_file={tasks_file}",
             "rollout.group_size=4", "rollout.max_new_tokens=12", "rollout.max_replies_per_turn=1",

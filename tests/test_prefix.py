@@ -79,6 +79,42 @@ def test_same_logprobs_entropies_and_gradients_as_trl(tokenizer):
         assert torch.allclose(got.grad, expected.grad, atol=1e-5, rtol=1e-4), name
 
 
+def test_step_prefix_across_micro_batches_gives_trls_gradient(tokenizer):
+    """Two micro-batches of two rows each: the 40 tokens all four rows share run once, as leaves, and one backward
+    after the second micro-batch brings the weights' gradient to what TRL's per-row path accumulates."""
+    from coevolve.prefix import StepPrefix, step_prefix_of
+
+    ids, mask, keep = batch()
+    prompt_width = ids.size(1) - keep
+    step = step_prefix_of(ids[:, :prompt_width], mask[:, :prompt_width])
+    assert isinstance(step, StepPrefix) and len(step) == 40
+    reference_model, model = fused_tiny_model(tokenizer), fused_tiny_model(tokenizer)
+    advantages = torch.tensor([1.0, -0.5, 0.25, -0.75])[:, None]
+    completion_mask = mask[:, -keep:].bool()
+    calls = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: calls.append(kwargs["input_ids"].shape),
+                                    with_kwargs=True)
+    for rows in (slice(0, 2), slice(2, 4)):
+        expected, _ = trl_scores(reference_model, ids[rows], mask[rows], keep)
+        (expected * advantages[rows] * completion_mask[rows]).sum().backward()
+        chunk_ids, chunk_mask = ids[rows], mask[rows]
+        shared = shared_prefix_length(chunk_ids, chunk_mask, prompt_width)
+        logps, _ = shared_prefix_logps(model, chunk_ids, chunk_mask, keep, shared, False, contextlib.nullcontext,
+                                       step_prefix=(step, 7))
+        assert torch.allclose(logps[completion_mask[rows]], expected[completion_mask[rows]], atol=1e-5)
+        (logps * advantages[rows] * completion_mask[rows]).sum().backward()
+    # The prefix ran once (40 tokens, batch of one); the micro-batches' own calls never rerun it.
+    assert [shape for shape in calls if shape[1] == 40] == [torch.Size([1, 40])]
+    step.backward()
+    for (name, expected), (_, got) in zip(reference_model.named_parameters(), model.named_parameters()):
+        assert torch.allclose(got.grad, expected.grad, atol=1e-5, rtol=1e-4), name
+    # A prefix whose tokens the rows do not start with is not used: the chunk scores on its own.
+    other = StepPrefix([1] * 40)
+    calls.clear()
+    shared_prefix_logps(model, ids[:2], mask[:2], keep, 40, False, contextlib.nullcontext, step_prefix=(other, 7))
+    assert calls[0] == torch.Size([1, 40]) and not other._leaves
+
+
 def test_training_takes_both_shortcuts_and_learns_what_trl_alone_learns(tmp_path, ls_policy_dir, monkeypatch):
     """Real GRPO steps through the trainer: shared-prefix scoring runs, flat micro-batches (every advantage zero)
     are skipped, and the weights after three steps are the ones TRL's plain path gives (`grpo.shared_prefix=false`
@@ -95,6 +131,14 @@ def test_training_takes_both_shortcuts_and_learns_what_trl_alone_learns(tmp_path
         return original(*args, **kwargs)
 
     monkeypatch.setattr(prefix, "shared_prefix_logps", counting)
+    step_runs = []  # the step prefix's forward: once per optimizer step that trains
+    original_keys_values = prefix.StepPrefix.keys_values
+
+    def counting_keys_values(self, model, autocast, step):
+        step_runs.append((step, len(self), bool(self._leaves) and self._step == step))
+        return original_keys_values(self, model, autocast, step)
+
+    monkeypatch.setattr(prefix.StepPrefix, "keys_values", counting_keys_values)
     tasks_file = write_tasks(ls_tasks(4), tmp_path / "tasks.jsonl")
     common = [f"model.name={ls_policy_dir}", "model.demos=0", "model.device=cpu", f"env.tasks_file={tasks_file}",
               "rollout.group_size=4", "rollout.max_new_tokens=8", "rollout.max_replies_per_turn=1",
@@ -106,7 +150,16 @@ def test_training_takes_both_shortcuts_and_learns_what_trl_alone_learns(tmp_path
     assert calls and min(calls) >= prefix.MIN_SHARED_TOKENS
     assert any(step["skipped_flat_micro_batches"] > 0 for step in steps)
     assert any(step["skipped_flat_micro_batches"] < 1 and step["grad_norm"] > 0 for step in steps)
+    # Each trained step ran its shared prefix once: a second micro-batch of the step found its leaves.
+    assert step_runs and min(length for _, length, _ in step_runs) >= prefix.MIN_SHARED_TOKENS
+    first_uses = [step for step, _, reused in step_runs if not reused]
+    assert len(first_uses) == len(set(first_uses))
 
+    calls.clear()
+    step_runs.clear()
+    run(None, [*common, "grpo.shared_step_prefix=false"], str(tmp_path / "groups"))
+    assert calls and not step_runs
+    groups = weights(tmp_path / "groups" / "final")
     calls.clear()
     run(None, [*common, "grpo.shared_prefix=false", "grpo.skip_flat_micro_batches=false"], str(tmp_path / "plain"))
     plain = [json.loads(line) for line in (tmp_path / "plain" / "steps.jsonl").read_text().splitlines()]
@@ -115,6 +168,7 @@ def test_training_takes_both_shortcuts_and_learns_what_trl_alone_learns(tmp_path
     fast_weights, plain_weights = weights(tmp_path / "fast" / "final"), weights(tmp_path / "plain" / "final")
     for name, value in plain_weights.items():
         assert torch.allclose(fast_weights[name], value, atol=1e-5), name
+        assert torch.allclose(groups[name], value, atol=1e-5), name
 
 
 def weights(folder):

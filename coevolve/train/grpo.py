@@ -36,15 +36,14 @@ are in the sequence (the model attends to them) but carry no loss. How that maps
   the base model under a disabled adapter.
 - Truncated trajectories (`grpo.mask_truncated`) are dropped from the loss by zeroing their `env_mask`, using our
   own truncation record (TRL's check looks for an EOS at the end, which a multi-turn episode need not have).
-- Work, not maths (in one process): micro-batches hold whole groups instead of TRL's shuffled rows, the prompt
-  prefix a micro-batch shares is scored once (`coevolve.prefix`), and a micro-batch whose advantages are all zero
-  skips the model when beta = 0 (its loss and gradient are exactly zero). The step's gradient is unchanged.
+- Work, not maths (in one process): micro-batches hold whole groups, not TRL's shuffled rows; the prompt prefix a
+  micro-batch shares runs once, the one the whole step shares once a step (`coevolve.prefix`); a micro-batch with
+  every advantage zero skips the model when beta = 0 (its loss and gradient are 0). The step's gradient is unchanged.
 - The seam: everything private of TRL/transformers this module overrides or reads is listed in `TRL_SEAM` and
   checked against the installed TRL when a trainer is built (`check_trl`), so an upgrade that moves one fails at
   start with the supported versions named, not mid-run.
-- The loop's GRPO steps (`coevolve.train.calls.train_steps`): `trainer.train()` once per CoEvolve iteration,
-  resumed from the checkpoint the previous call saved at its last step, so the optimizer, scheduler and RNG carry over exactly as in one
-  uninterrupted call (and as after a kill: a resume is the same path).
+- The loop's GRPO steps (`coevolve.train.calls.train_steps`): `trainer.train()` once per CoEvolve iteration, resumed
+  from the checkpoint the previous call saved, so optimizer, scheduler and RNG carry over as in one call (or a kill).
 """
 
 from __future__ import annotations
@@ -342,8 +341,7 @@ def _trainer_class() -> type:
     from trl import GRPOTrainer
     from trl.trainer.grpo_trainer import split_pixel_values_by_grid, split_tensor_dict, unsplit_pixel_values_by_grid
 
-    from coevolve.prefix import (MIN_SHARED_TOKENS, flat_groups_last, permuted, shared_prefix_length,
-                                 shared_prefix_logps, zero_gradient_loss)
+    from coevolve.prefix import flat_groups_last, permuted, score_in_chunks, step_prefix_of, zero_gradient_loss
 
     class CoevolveGRPOTrainer(GRPOTrainer):
         """TRL's trainer, with a task order that survives a resume, and (in one process) less work for the same
@@ -371,20 +369,11 @@ def _trainer_class() -> type:
             if not self.shared_prefix_enabled() or compute_aux_loss or any(v is not None for v in multimodal.values()):
                 return base(model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
                             compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal)
-            batch_size = batch_size or input_ids.size(0)
-            logps, entropies = [], []
-            for start in range(0, input_ids.size(0), batch_size):
-                ids, mask = input_ids[start:start + batch_size], attention_mask[start:start + batch_size]
-                shared = shared_prefix_length(ids, mask, ids.size(1) - logits_to_keep)
-                if shared >= MIN_SHARED_TOKENS:
-                    chunk_logps, chunk_entropies = shared_prefix_logps(
-                        model, ids, mask, logits_to_keep, shared, compute_entropy, self.accelerator.autocast)
-                else:
-                    chunk_logps, chunk_entropies, _ = base(model, ids, mask, logits_to_keep,
-                                                           compute_entropy=compute_entropy)
-                logps.append(chunk_logps)
-                entropies.append(chunk_entropies)
-            return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None
+            # The step's prefix only where the weights' backward follows (the loss, not a no-grad pass).
+            step = self.coevolve_step_prefix if torch.is_grad_enabled() and model.training else None
+            return score_in_chunks(base, model, input_ids, attention_mask, logits_to_keep,
+                                   batch_size or input_ids.size(0), compute_entropy, self.accelerator.autocast,
+                                   (step, self.state.global_step) if step is not None else None)
 
         def _prepare_inputs(self, generation_batch):
             """TRL's buffering of one generation into micro-batches, with its random shuffle replaced by
@@ -400,9 +389,20 @@ def _trainer_class() -> type:
                 batch = split_pixel_values_by_grid(batch)
                 order = flat_groups_last(batch["advantages"], self.coevolve_group_size)
                 batch = {key: permuted(value, order) for key, value in batch.items()}
+                self.coevolve_step_prefix = (step_prefix_of(batch["prompt_ids"], batch["prompt_mask"])
+                                             if self.coevolve_share_step_prefix and self.shared_prefix_enabled()
+                                             else None)
                 self._buffered_inputs = [unsplit_pixel_values_by_grid(part)
                                          for part in split_tensor_dict(batch, self.args.steps_per_generation)]
             return self._buffered_inputs[self._step % self.args.steps_per_generation]
+
+        def training_step(self, model, inputs, num_items_in_batch):
+            """TRL's step; after an optimizer step's last micro-batch, the step prefix's one backward pass
+            (`coevolve.prefix.StepPrefix`), before transformers clips the gradient and steps the optimizer."""
+            output = super().training_step(model, inputs, num_items_in_batch)
+            if self.coevolve_step_prefix is not None and self._step % self.args.gradient_accumulation_steps == 0:
+                self.coevolve_step_prefix.backward()
+            return output
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             """TRL's loss, except that a micro-batch whose advantages are all zero (every group in it scored alike)
@@ -452,6 +452,8 @@ def _trainer_class() -> type:
 
         coevolve_skip_flat = True
         coevolve_shared_prefix = True
+        coevolve_share_step_prefix = True
+        coevolve_step_prefix = None  # the generation batch's `StepPrefix` (None: off, or too short to share)
         coevolve_master_weights = False
         coevolve_writer: CheckpointWriter | None = None
         coevolve_weights_at: int | None = None
@@ -495,6 +497,7 @@ def build_trainer(config: Config, output_dir: Path, model_path: str, tokenizer: 
         raise TrainingError(f"TRL groups {trainer.num_generations} rollouts, rollout.group_size is "
                             f"{trainer.coevolve_group_size}")
     trainer.coevolve_shared_prefix = config.grpo.shared_prefix
+    trainer.coevolve_share_step_prefix = config.grpo.shared_step_prefix
     trainer.coevolve_skip_flat = config.grpo.skip_flat_micro_batches
     trainer.coevolve_master_weights = config.grpo.master_weights
     trainer.coevolve_writer = writer_for(trainer) if config.run.async_save else None
@@ -546,6 +549,7 @@ OVERRIDDEN = {
     "_prepare_inputs": ("generation_batch",),
     "_generate_and_score_completions": (),
     "compute_loss": ("model", "inputs", "return_outputs", "num_items_in_batch"),
+    "training_step": ("model", "inputs", "num_items_in_batch"),
     "_load_from_checkpoint": ("resume_from_checkpoint",),
     "_save_checkpoint": ("model", "trial"),
     "_load_optimizer_and_scheduler": ("checkpoint",),
