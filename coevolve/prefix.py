@@ -119,6 +119,13 @@ def shared_prefix_logps(model: Any, input_ids: torch.Tensor, attention_mask: tor
     `prefix_length` tokens run here, when the rows start with them."""
     rows, width = input_ids.shape
     prompt_width = width - logits_to_keep
+    # TRL pads every completion to the generation batch's longest: columns where no row of this chunk has a token
+    # left are not run, and score 0 as TRL's compact path scores padding.
+    real = attention_mask[:, prompt_width:].any(dim=0).nonzero()
+    trailing = logits_to_keep - (int(real[-1]) + 1 if real.numel() else 1)
+    if trailing > 0:
+        input_ids, attention_mask = input_ids[:, :width - trailing], attention_mask[:, :width - trailing]
+        logits_to_keep -= trailing
     starts = (attention_mask[:, :prompt_width] == 0).sum(dim=1)
     first_start = int(starts[0])
     prefix = input_ids[:1, first_start:first_start + prefix_length]
@@ -164,6 +171,9 @@ def shared_prefix_logps(model: Any, input_ids: torch.Tensor, attention_mask: tor
                         fused_lm_head=True, **{cache_keyword(model): cache})
     logps = outputs.log_probs[:, -logits_to_keep:]
     entropies = outputs.entropy[:, -logits_to_keep:] if compute_entropy else None
+    if trailing > 0:
+        logps = torch.nn.functional.pad(logps, (0, trailing))
+        entropies = torch.nn.functional.pad(entropies, (0, trailing)) if entropies is not None else None
     return logps, entropies
 
 

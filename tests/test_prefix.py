@@ -6,6 +6,7 @@ import contextlib
 import json
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from coevolve.prefix import shared_prefix_length, shared_prefix_logps
@@ -59,8 +60,14 @@ def test_shared_prefix_length_stops_where_rows_differ_and_keeps_the_last_prompt_
     assert shared_prefix_length(other, mask, ids.size(1) - keep) == 0
 
 
-def test_same_logprobs_entropies_and_gradients_as_trl(tokenizer):
+@pytest.mark.parametrize("padding_columns", [0, 3])
+def test_same_logprobs_entropies_and_gradients_as_trl(tokenizer, padding_columns):
+    """With `padding_columns`, the completions end in columns no row has a token in (TRL pads every completion to
+    the generation batch's longest): those are not run and score 0."""
     ids, mask, keep = batch()
+    ids = torch.nn.functional.pad(ids, (0, padding_columns))
+    mask = torch.nn.functional.pad(mask, (0, padding_columns))
+    keep += padding_columns
     shared = shared_prefix_length(ids, mask, ids.size(1) - keep)
     reference_model, model = fused_tiny_model(tokenizer), fused_tiny_model(tokenizer)
 
@@ -70,6 +77,8 @@ def test_same_logprobs_entropies_and_gradients_as_trl(tokenizer):
     assert logps.shape == expected_logps.shape == (4, keep)
     assert torch.allclose(logps[completion_mask], expected_logps[completion_mask], atol=1e-5)
     assert torch.allclose(entropies[completion_mask], expected_entropies[completion_mask], atol=1e-5)
+    if padding_columns:
+        assert not logps[:, -padding_columns:].any() and not entropies[:, -padding_columns:].any()
 
     # A loss like GRPO's (advantage-weighted log-probabilities of the model tokens): same gradient everywhere.
     advantages = torch.tensor([1.0, -0.5, 0.25, -0.75])[:, None]
