@@ -106,10 +106,14 @@ def test_model_scorer_reuses_the_prompt_it_shares_with_the_last_episode(tokenize
     first, second, other = (opening + [1, 2], [5, 6]), (opening + [3], [7, 8, 9]), ([60, 61, 62], [5, 6])
     expected = [model_scorer(tiny_model, 0.7)(*episode) for episode in (first, second, other)]
     lengths = []
-    tiny_model.register_forward_pre_hook(lambda module, args, kwargs: lengths.append(kwargs["input_ids"].size(1)),
-                                         with_kwargs=True)
-    score = model_scorer(tiny_model, 0.7)
-    assert [score(*episode) for episode in (first, second, other)] == [pytest.approx(e, abs=1e-5) for e in expected]
+    hook = tiny_model.register_forward_pre_hook(  # the model is the session's: the hook leaves with this test
+        lambda module, args, kwargs: lengths.append(kwargs["input_ids"].size(1)), with_kwargs=True)
+    try:
+        score = model_scorer(tiny_model, 0.7)
+        scores = [score(*episode) for episode in (first, second, other)]
+    finally:
+        hook.remove()
+    assert scores == [pytest.approx(e, abs=1e-5) for e in expected]
     # first: its prompt less the last token, then the rest (41 + 3); second: only its 4 tokens from position 40
     # on; other: nothing shared, so its own prompt is kept again (2 + 3).
     assert lengths == [41, 3, 4, 2, 3]
