@@ -149,19 +149,16 @@ def model_scorer(model: Any, temperature: float) -> Scorer:
     of the last prompt are kept, and the next episode runs only from where it departs from them (the same
     log-probabilities: a position never sees what follows it). The LM head runs on the scored positions only."""
     import torch
-    from transformers import DynamicCache
 
-    from coevolve.policy.hf_backend import cache_keyword, common_prefix_length
+    from coevolve.policy.hf_backend import cache_holding, cache_keyword, common_prefix_length
 
     temperature = temperature if temperature and temperature > 0 else 1.0
+    keyword = cache_keyword(model)
     kept: dict[str, Any] = {"tokens": [], "layers": []}
     """The last prompt (all but its last token) and its keys and values per layer."""
 
     def cache_of(length: int) -> Any:
-        cache = DynamicCache(config=model.config)
-        for index, (keys, values) in enumerate(kept["layers"]):
-            cache.update(keys[:, :, :length], values[:, :, :length], index)
-        return cache
+        return cache_holding(model, [(keys[:, :, :length], values[:, :, :length]) for keys, values in kept["layers"]])
 
     def score(prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
         if not completion_ids:
@@ -170,7 +167,6 @@ def model_scorer(model: Any, temperature: float) -> Scorer:
         ids = list(prompt_ids) + list(completion_ids)
         context = len(prompt_ids) - 1  # the positions before the first one whose output is scored
         shared = min(common_prefix_length([kept["tokens"], ids]), context)
-        keyword = cache_keyword(model)
         with torch.no_grad():
             if shared < context:  # keep this prompt's own keys and values for the next episode
                 cache = cache_of(shared)

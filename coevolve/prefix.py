@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from coevolve.policy.hf_backend import cache_keyword, common_prefix_length
+from coevolve.policy.hf_backend import cache_holding, cache_keyword, common_prefix_length
 
 MIN_SHARED_TOKENS = 32
 """Below this, one extra forward call costs more than the shared tokens save."""
@@ -48,8 +48,14 @@ def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, 
                                  for row, start in enumerate(starts)])
 
 
-def _cache(outputs: Any) -> Any:
-    return getattr(outputs, "cache", None) or getattr(outputs, "past_key_values", None)
+def _prefix_cache(model: Any, prefix: torch.Tensor, autocast: Any) -> Any:
+    """The key/value cache of `prefix` (a batch of one), with its autograd graph when gradients are on."""
+    with autocast():
+        outputs = model(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True, logits_to_keep=1)
+    cache = getattr(outputs, "cache", None) or getattr(outputs, "past_key_values", None)
+    if cache is None:
+        raise RuntimeError("the model returned no key/value cache for the shared prefix")
+    return cache
 
 
 class StepPrefix:
@@ -70,12 +76,7 @@ class StepPrefix:
         """[keys, values] of every layer (batch of one) as leaves that collect gradient, computed once per `step`
         (a graph left from another step, e.g. by a loss that raised, is dropped: its weights are gone)."""
         if self._step != step or not self._leaves:
-            ids = torch.tensor([self.tokens], device=model.device)
-            with autocast():
-                cache = _cache(model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True,
-                                     logits_to_keep=1))
-            if cache is None:
-                raise RuntimeError("the model returned no key/value cache for the shared prefix")
+            cache = _prefix_cache(model, torch.tensor([self.tokens], device=model.device), autocast)
             self._graph = [tensor for layer in cache.layers for tensor in (layer.keys, layer.values)]
             self._leaves = [tensor.detach().requires_grad_(tensor.requires_grad) for tensor in self._graph]
             self._step = step
@@ -97,16 +98,6 @@ def step_prefix_of(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> StepP
         return None
     start = int((prompt_mask[0] == 0).sum())
     return StepPrefix(prompt_ids[0, start:start + length].tolist())
-
-
-def _cache_of(model: Any, keys_values: list[torch.Tensor]) -> Any:
-    """A fresh key/value cache holding `keys_values` (the leaves: the rows' cache grows by copies, not in them)."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=model.config)
-    for layer in range(len(keys_values) // 2):
-        cache.update(keys_values[2 * layer], keys_values[2 * layer + 1], layer)
-    return cache
 
 
 def shared_prefix_logps(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
@@ -133,19 +124,15 @@ def shared_prefix_logps(model: Any, input_ids: torch.Tensor, attention_mask: tor
     if shared is not None and (len(shared) > prefix_length or prefix[0, :len(shared)].tolist() != shared.tokens):
         shared = None  # not this batch's prefix: score the chunk on its own
     if shared is None:
-        with autocast():
-            # use_cache: the prefix's keys and values (with their autograd graph) are what the rows attend to.
-            cache = _cache(model(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True,
-                                 logits_to_keep=1))
+        cache = _prefix_cache(model, prefix, autocast)  # what the rows attend to, with its autograd graph
     else:
-        cache = _cache_of(model, shared.keys_values(model, autocast, step_prefix[1]))
+        leaves = shared.keys_values(model, autocast, step_prefix[1])
+        cache = cache_holding(model, list(zip(leaves[0::2], leaves[1::2])))  # the rows' copies, not the leaves
         if prefix_length > len(shared):  # the group's own prompt tail, once, on top of the step's prefix
             with autocast():
                 model(input_ids=prefix[:, len(shared):], attention_mask=torch.ones_like(prefix), use_cache=True,
                       position_ids=torch.arange(len(shared), prefix_length, device=prefix.device)[None],
                       logits_to_keep=1, **{cache_keyword(model): cache})
-    if cache is None:
-        raise RuntimeError("the model returned no key/value cache for the shared prefix")
     cache.batch_repeat_interleave(rows)
 
     # Each row after the prefix: the rest of its prompt, left-padded to a common width, then its completion.

@@ -68,6 +68,16 @@ def cache_keyword(model: Any) -> str:
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
+def cache_holding(model: Any, layers: Sequence[tuple[Any, Any]]) -> Any:
+    """A fresh `DynamicCache` for `model` holding (keys, values) per layer; it grows by copies, never in them."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    for index, (keys, values) in enumerate(layers):
+        cache.update(keys, values, index)
+    return cache
+
+
 def _filter_logits(logits: Any, top_k: int, top_p: float) -> Any:
     import torch
 
