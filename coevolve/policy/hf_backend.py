@@ -28,6 +28,12 @@ transformers' `torch.cat` of the whole cache at every token, and when requests l
 down inside that room (`compact_in_place`; off: every kept row copied into a new room, as transformers'
 `batch_select_indices` does), which moves the same numbers and so samples the same tokens.
 
+With `split_prefix` (on where the model allows it: `coevolve.policy.prefix_attention.usable`), the prefix every
+prompt of a call shares (at least `MIN_SPLIT` tokens) is run once and held once, outside the batch cache: rows hold
+only what follows it, attention is split at it and merged by log-sum-exp, and the next call of the same rollout
+reuses it while every prompt still starts with it (its kept caches follow it). The same softmax up to float
+rounding; what it saves is the prefix's copy into every row and each decode step's reading of it per row.
+
 Sampling: temperature, top-k, top-p, or greedy at temperature 0; one `torch.Generator` per call, seeded from
 `SamplingConfig.seed` when given. Logprobs are `log_softmax(logits / temperature)` of the chosen token (see
 `coevolve.policy.backends`). `share_prefill=False` runs every request's whole prompt as its own row and
@@ -42,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 from coevolve.policy.backends import Generation, SamplingConfig
+from coevolve.policy.prefix_attention import SharedPrefix, prefix_of, shared_prefix_attention, usable
 
 
 def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
@@ -186,23 +193,33 @@ class _KeptCache:
 
     tokens: tuple[int, ...]
     layers: list[tuple[Any, Any]]
+    shared: SharedPrefix | None = None
+    """With the split attention: the prefix held once, which `layers` follow (they cover `tokens` after it)."""
 
     @property
     def nbytes(self) -> int:
         return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.layers)
 
 
+MIN_SPLIT = 16
+"""The shortest shared prefix held once with the split attention; a shorter one is laid into every row."""
+
+
 class TransformersBackend:
     """Token backend over a loaded `transformers` causal LM (see the module docstring)."""
 
     def __init__(self, model: Any, tokenizer: Any, share_prefill: bool = True, keep_cache: bool = True,
-                 compact_in_place: bool = True) -> None:
+                 compact_in_place: bool = True, split_prefix: bool = True) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.share_prefill = share_prefill
         self.cache_keyword = cache_keyword(model)
         plain = keepable(model)
         self.keep_cache = keep_cache and plain
+        self.split_prefix = split_prefix and share_prefill and plain and usable(model)
+        """Hold the prefix all prompts share once and split attention at it (`coevolve.policy.prefix_attention`)
+        instead of laying it into every row."""
+        self._shared: SharedPrefix | None = None  # during a call with the split: the prefix it holds once
         self.growing_layer = _growing_layer_class() if plain else None
         if self.growing_layer is not None:
             self.growing_layer.in_place = compact_in_place
@@ -223,8 +240,9 @@ class TransformersBackend:
         return int(getattr(getattr(self.model, "config", None), "max_position_embeddings", 0) or 0) or None
 
     def _forward(self, input_ids: Any, cache: Any, attention_mask: Any = None, position_ids: Any = None) -> Any:
+        extra = {"shared_prefix": self._shared} if self._shared is not None else {}
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=True, logits_to_keep=1, **{self.cache_keyword: cache})
+                         use_cache=True, logits_to_keep=1, **{self.cache_keyword: cache}, **extra)
         return out.logits[:, -1, :]
 
     @contextlib.contextmanager
@@ -261,17 +279,21 @@ class TransformersBackend:
             unique = list(distinct)
         else:
             row_of, unique = list(range(len(prompts))), [tuple(p) for p in prompts]
+        # With the split attention, the prefix every prompt shares is held once (`self._shared`) and each row's
+        # cache starts after it: `offset` tokens no row holds.
+        self._shared = self._shared_prefix(unique) if self.split_prefix else None
+        offset = len(self._shared.tokens) if self._shared is not None else 0
         # Each distinct prompt's past: a kept cache of an earlier reply of its episode, else (fresh prompts) the
         # prefix common to all fresh prompts, run once on a batch of one.
         pasts: list[tuple[int, list[tuple[Any, Any]]] | None] = [None] * len(unique)
         fresh = []
         for row, prompt in enumerate(unique):
             kept = self._match(prompt)
-            if kept is not None:
-                pasts[row] = (len(kept.tokens), kept.layers)
+            if kept is not None and kept.shared is self._shared:  # its layers follow the prefix this call holds
+                pasts[row] = (len(kept.tokens) - offset, kept.layers)
             else:
                 fresh.append(row)
-        if self.share_prefill and fresh:
+        if self.share_prefill and fresh and self._shared is None:
             # Keep at least one suffix token per prompt: its logits start the sampling.
             length = min(common_prefix_length([unique[r] for r in fresh]), min(len(unique[r]) for r in fresh) - 1)
             if length > 0:
@@ -286,7 +308,7 @@ class TransformersBackend:
         cache = self._new_cache()
         if width_past:
             self._fill(cache, pasts, width_past)
-        suffixes = [u[length:] for u, length in zip(unique, past_lengths)]
+        suffixes = [u[offset + length:] for u, length in zip(unique, past_lengths)]
         width = max(len(s) for s in suffixes)
         pad = self.tokenizer.pad_token_id or 0
         input_ids = torch.full((len(unique), width), pad, dtype=torch.long, device=device)
@@ -297,13 +319,32 @@ class TransformersBackend:
             mask[row, width_past - length:width_past] = 1
             input_ids[row, width - len(suffix):] = torch.tensor(suffix, device=device)
             mask[row, width_past + width - len(suffix):] = 1
-        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)[:, width_past:]
+        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)[:, width_past:] + offset
         logits = self._forward(input_ids, cache, attention_mask=mask, position_ids=positions)
         self.prefill_tokens += sum(len(s) for s in suffixes)
         index = torch.tensor(row_of, device=device)
         if len(unique) != len(prompts) or row_of != list(range(len(prompts))):
             cache.batch_select_indices(index)
         return cache, logits[index], mask[index]
+
+    def _shared_prefix(self, prompts: Sequence[tuple[int, ...]]) -> SharedPrefix | None:
+        """The prefix this call holds once: the one the last call of this rollout held, where every prompt still
+        starts with it (the kept caches follow it), else the prefix common to all prompts, run once on a batch of
+        one; None where that is shorter than `MIN_SPLIT` tokens (the split would cost more than it reads)."""
+        import torch
+        from transformers import DynamicCache
+
+        held = next((kept.shared for kept in self._kept or () if kept.shared is not None), None)
+        if held is not None and all(held.covers(prompt) for prompt in prompts):
+            return held
+        # Keep at least one token per prompt after the prefix: its logits start the sampling.
+        length = min(common_prefix_length(prompts), min(len(prompt) for prompt in prompts) - 1)
+        if length < MIN_SPLIT:
+            return None
+        prefix_cache = DynamicCache(config=self.model.config)
+        self._forward(torch.tensor([prompts[0][:length]], device=self.device), prefix_cache)
+        self.prefill_tokens += length
+        return prefix_of(prefix_cache, length, prompts[0])
 
     def _new_cache(self) -> Any:
         """A cache for one generate call: growing layers with room for the call's replies, where every layer is
@@ -336,7 +377,7 @@ class TransformersBackend:
         real = mask[live].nonzero().squeeze(-1)
         layers = [(layer.keys[live].index_select(1, real), layer.values[live].index_select(1, real))
                   for layer in cache.layers]
-        self._next.append(_KeptCache(tokens, layers))
+        self._next.append(_KeptCache(tokens, layers, self._shared))
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, stop_token_ids: Sequence[int],
                  budgets: Sequence[int] | None = None) -> list[Generation]:
@@ -347,8 +388,12 @@ class TransformersBackend:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         limits = [max(1, min(b, sampling.max_new_tokens)) for b in (budgets or [sampling.max_new_tokens] * len(prompts))]
-        with torch.inference_mode():
-            return self._generate(prompts, sampling, stop_token_ids, limits)
+        split = shared_prefix_attention(self.model) if self.split_prefix else contextlib.nullcontext()
+        try:
+            with torch.inference_mode(), split:
+                return self._generate(prompts, sampling, stop_token_ids, limits)
+        finally:
+            self._shared = None  # what the kept caches follow stays alive through them, and only there
 
     def _generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
                   stop_token_ids: Sequence[int], limits: list[int]) -> list[Generation]:
@@ -364,7 +409,7 @@ class TransformersBackend:
         cache, logits, mask = self._prefill(prompts)
         self._next = [] if self._kept is not None else None
         stops = torch.tensor(sorted(set(stop_token_ids)) or [-1], device=device)
-        positions = mask.sum(dim=-1)  # next position id of each row
+        positions = mask.sum(dim=-1) + (len(self._shared.tokens) if self._shared is not None else 0)  # next ids
         rows = list(range(len(prompts)))  # request index of each live cache row
         row_limits = torch.tensor(limits, device=device)  # token budget of each live cache row
         tokens: list[list[int]] = [[] for _ in prompts]
