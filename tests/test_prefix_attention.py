@@ -20,8 +20,9 @@ def _reference(query, key, value, visible, scaling):
     return (torch.softmax(scores, dim=-1) @ value).transpose(1, 2)
 
 
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("queries,masked", [(1, True), (1, False), (3, True), (3, False)])
-def test_split_attention_is_the_softmax_over_the_whole_context(queries, masked):
+def test_split_attention_is_the_softmax_over_the_whole_context(queries, masked, fused):
     torch.manual_seed(0)
     rows, heads, kv_heads, head_dim, prefix, own = 3, 4, 2, 8, 5, 6
     query = torch.randn(rows, heads, queries, head_dim)
@@ -33,7 +34,7 @@ def test_split_attention_is_the_softmax_over_the_whole_context(queries, masked):
     if masked:  # row 1 has two padding slots before its tokens (left padding, as the backend lays rows)
         own_visible[1, :, :, :2] = False
         mask = own_visible
-    out = split_attention(query, key, value, mask, prefix_keys, prefix_values, scaling=0.3)
+    out = split_attention(query, key, value, mask, prefix_keys, prefix_values, scaling=0.3, fused=fused)
     whole_keys = torch.cat([prefix_keys.expand(rows, -1, -1, -1), key], dim=2)
     whole_values = torch.cat([prefix_values.expand(rows, -1, -1, -1), value], dim=2)
     visible = torch.cat([torch.ones(rows, 1, queries, prefix, dtype=torch.bool), own_visible], dim=-1)
@@ -42,12 +43,13 @@ def test_split_attention_is_the_softmax_over_the_whole_context(queries, masked):
     assert torch.allclose(out, expected, atol=1e-5)
 
 
-def test_split_attention_by_hand():
+@pytest.mark.parametrize("fused", [True, False])
+def test_split_attention_by_hand(fused):
     """One head, one query, two prefix keys and one own key: weights exp(s) / sum exp(s) written out."""
     query = torch.tensor([[[[1.0, 0.0]]]])
     prefix_keys, prefix_values = torch.tensor([[[1.0, 0.0], [0.0, 0.0]]]), torch.tensor([[[2.0, 0.0], [0.0, 2.0]]])
     key, value = torch.tensor([[[[2.0, 0.0]]]]), torch.tensor([[[[0.0, 0.0]]]])
-    out = split_attention(query, key, value, None, prefix_keys, prefix_values, scaling=1.0)
+    out = split_attention(query, key, value, None, prefix_keys, prefix_values, scaling=1.0, fused=fused)
     e = torch.exp(torch.tensor([1.0, 0.0, 2.0]))  # scores 1, 0 (prefix) and 2 (own)
     weights = e / e.sum()
     assert torch.allclose(out[0, 0, 0], torch.tensor([2 * weights[0], 2 * weights[1]]), atol=1e-6)
@@ -84,6 +86,20 @@ def test_split_prefix_generates_what_the_prefix_in_every_row_does(tiny_model, to
     # The kept caches hold each row's own tokens only: the prefix is held once, not by each of the 3 prompts.
     assert split.kept_bytes_peak < plain.kept_bytes_peak
     assert tiny_model.config._attn_implementation == "sdpa"  # restored after every call
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_query_that_sees_none_of_its_rows_keys_takes_the_prefix_alone(fused):
+    """A padding query before a row's first token: finite, and exactly attention over the prefix."""
+    torch.manual_seed(1)
+    query, key, value = torch.randn(2, 2, 2, 4), torch.randn(2, 1, 2, 4), torch.randn(2, 1, 2, 4)
+    prefix_keys, prefix_values = torch.randn(1, 3, 4), torch.randn(1, 3, 4)
+    mask = torch.ones(2, 1, 2, 2, dtype=torch.bool).tril()
+    mask[1, :, :, 0] = False  # row 1: slot 0 is padding, so its first query sees nothing of its own
+    out = split_attention(query, key, value, mask, prefix_keys, prefix_values, scaling=0.5, fused=fused)
+    assert torch.isfinite(out).all()
+    alone = torch.softmax(query[1, :, 0] @ prefix_keys[0].T * 0.5, dim=-1) @ prefix_values[0]
+    assert torch.allclose(out[1, 0], alone, atol=1e-5)
 
 
 def test_split_prefix_is_refused_where_prompts_share_little(tiny_model, tokenizer, prompts):

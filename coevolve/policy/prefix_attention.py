@@ -49,14 +49,15 @@ class SharedPrefix:
 
 
 def split_attention(query: Any, key: Any, value: Any, mask: Any, prefix_keys: Any, prefix_values: Any,
-                    scaling: float) -> Any:
+                    scaling: float, fused: bool = True) -> Any:
     """Attention of `query` over [shared prefix ; each row's own keys], merged by log-sum-exp.
 
     query (rows, heads, queries, head_dim); key, value (rows, kv_heads, own, head_dim); prefix_keys/values
     (kv_heads, prefix, head_dim); mask: a boolean (rows, 1, queries, own) of the positions each query may see among
     its row's own keys (True = visible), or None for causal (the queries are the last `queries` of `own`). Heads
     share a key/value head in groups of heads // kv_heads, as transformers' `repeat_kv` lays them. Returns
-    (rows, queries, heads, head_dim), what transformers' attention functions return.
+    (rows, queries, heads, head_dim), what transformers' attention functions return. `fused`: on the CPU, each part
+    runs in torch's flash kernel, which returns its log-sum-exp (`_attend`).
     """
     import torch
 
@@ -65,30 +66,46 @@ def split_attention(query: Any, key: Any, value: Any, mask: Any, prefix_keys: An
     group = heads // kv_heads
     # A: all rows' queries of a key/value head as the rows of one product against the prefix.
     grouped = query.reshape(rows, kv_heads, group * queries, head_dim)
-    flat = grouped.transpose(0, 1).reshape(kv_heads, rows * group * queries, head_dim)
-    scores_prefix = torch.matmul(flat, prefix_keys.transpose(-1, -2)) * scaling
-    lse_prefix = torch.logsumexp(scores_prefix, dim=-1, keepdim=True)
-    out_prefix = torch.matmul(torch.exp(scores_prefix - lse_prefix), prefix_values)
+    flat = grouped.transpose(0, 1).reshape(1, kv_heads, rows * group * queries, head_dim)
+    out_prefix, lse_prefix = _attend(flat, prefix_keys[None], prefix_values[None], None, scaling, fused)
     out_prefix = out_prefix.reshape(kv_heads, rows, group * queries, head_dim).transpose(0, 1)
     lse_prefix = lse_prefix.reshape(kv_heads, rows, group * queries, 1).transpose(0, 1)
-    # B: each row's queries against its own keys, masked.
-    scores_own = torch.matmul(grouped, key.transpose(-1, -2)) * scaling  # (rows, kv_heads, group*queries, own)
+    # B: each row's queries (a key/value head's group of heads side by side) against its own keys, masked.
     if mask is None:
-        if queries > 1:
-            mask = torch.ones((queries, own), dtype=torch.bool, device=query.device).tril(own - queries)
+        mask = torch.ones((queries, own), dtype=torch.bool, device=query.device).tril(own - queries)
     elif mask.dtype != torch.bool:  # an additive float mask (eager's): visible where it adds nothing
         mask = mask == 0
-    if mask is not None:
-        visible = mask.expand(rows, 1, queries, own)[:, :, None].expand(rows, 1, group, queries, own).reshape(rows, 1, group * queries, own)
-        scores_own = scores_own.masked_fill(~visible, float("-inf"))
-    lse_own = torch.logsumexp(scores_own, dim=-1, keepdim=True)
-    # A query with no visible key of its own row (none here: each sees itself) weighs its prefix part alone.
-    lse_own_safe = torch.where(torch.isfinite(lse_own), lse_own, torch.zeros_like(lse_own))
-    out_own = torch.matmul(torch.exp(scores_own - lse_own_safe), value)
+    visible = mask.expand(rows, 1, queries, own)[:, :, None].expand(rows, 1, group, queries, own)
+    additive = torch.zeros(visible.shape, dtype=query.dtype, device=query.device).masked_fill_(~visible, float("-inf"))
+    out_own, lse_own = _attend(grouped, key, value, additive.reshape(rows, 1, group * queries, own), scaling, fused)
+    lse_own = lse_own[..., None]
+    # A query that sees none of its row's own keys (only a padding query: each real one sees itself) takes the
+    # prefix part alone; the flash kernel gives such a query a log-sum-exp of 0, not -inf.
+    lse_own = torch.where(visible.reshape(rows, 1, group * queries, own).any(-1, keepdim=True), lse_own,
+                          torch.full_like(lse_own, float("-inf")))
     lse = torch.logaddexp(lse_prefix, lse_own)
-    merged = out_prefix * torch.exp(lse_prefix - lse) + out_own * torch.exp(lse_own - lse)
-    return merged.reshape(rows, kv_heads, group, queries, head_dim).reshape(rows, heads, queries, head_dim) \
-        .transpose(1, 2).contiguous()
+    merged = out_prefix * torch.exp(lse_prefix - lse) + torch.nan_to_num(out_own) * torch.exp(lse_own - lse)
+    return merged.reshape(rows, heads, queries, head_dim).transpose(1, 2).contiguous()
+
+
+def _attend(query: Any, key: Any, value: Any, additive: Any, scaling: float, fused: bool) -> tuple[Any, Any]:
+    """Softmax attention with one key/value head per query head; returns (output, log-sum-exp of the scores),
+    the log-sum-exp without its last dimension. On the CPU torch's flash kernel returns both at once (the op sdpa
+    itself runs there); elsewhere, or with `fused=False`, the same written out."""
+    import torch
+
+    flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if fused and flash is not None and query.device.type == "cpu" and query.dtype == torch.float32:
+        return flash(query, key, value, attn_mask=additive, scale=scaling)
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    if additive is not None:
+        scores = scores + additive
+    peak = scores.amax(dim=-1, keepdim=True)
+    peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
+    weights = torch.exp(scores - peak)
+    total = weights.sum(dim=-1, keepdim=True)
+    output = torch.matmul(weights, value) / total.clamp(min=torch.finfo(total.dtype).tiny)
+    return output, (peak + torch.log(total)).squeeze(-1)
 
 
 def _attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float = 0.0,
