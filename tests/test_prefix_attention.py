@@ -88,6 +88,18 @@ def test_split_prefix_generates_what_the_prefix_in_every_row_does(tiny_model, to
     assert tiny_model.config._attn_implementation == "sdpa"  # restored after every call
 
 
+def test_split_attention_in_bfloat16_follows_float32():
+    """Half precision takes the written-out path (softmax in float32) and returns its own dtype."""
+    torch.manual_seed(2)
+    query, key, value = torch.randn(2, 4, 1, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    prefix_keys, prefix_values = torch.randn(2, 7, 8), torch.randn(2, 7, 8)
+    exact = split_attention(query, key, value, None, prefix_keys, prefix_values, scaling=0.35)
+    half = split_attention(*(t.bfloat16() for t in (query, key, value)), None, prefix_keys.bfloat16(),
+                           prefix_values.bfloat16(), scaling=0.35)
+    assert half.dtype == torch.bfloat16
+    assert torch.allclose(half.float(), exact, atol=5e-2)
+
+
 @pytest.mark.parametrize("fused", [True, False])
 def test_a_query_that_sees_none_of_its_rows_keys_takes_the_prefix_alone(fused):
     """A padding query before a row's first token: finite, and exactly attention over the prefix."""

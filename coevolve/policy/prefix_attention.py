@@ -85,7 +85,7 @@ def split_attention(query: Any, key: Any, value: Any, mask: Any, prefix_keys: An
                           torch.full_like(lse_own, float("-inf")))
     lse = torch.logaddexp(lse_prefix, lse_own)
     merged = out_prefix * torch.exp(lse_prefix - lse) + torch.nan_to_num(out_own) * torch.exp(lse_own - lse)
-    return merged.reshape(rows, heads, queries, head_dim).transpose(1, 2).contiguous()
+    return merged.to(query.dtype).reshape(rows, heads, queries, head_dim).transpose(1, 2).contiguous()
 
 
 def _attend(query: Any, key: Any, value: Any, additive: Any, scaling: float, fused: bool) -> tuple[Any, Any]:
@@ -97,15 +97,17 @@ def _attend(query: Any, key: Any, value: Any, additive: Any, scaling: float, fus
     flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     if fused and flash is not None and query.device.type == "cpu" and query.dtype == torch.float32:
         return flash(query, key, value, attn_mask=additive, scale=scaling)
+    dtype = query.dtype  # half precision is upcast: the softmax and its log-sum-exp in float32, as sdpa's kernels do
+    query, key, value = query.float(), key.float(), value.float()
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
     if additive is not None:
-        scores = scores + additive
+        scores = scores + additive.float()
     peak = scores.amax(dim=-1, keepdim=True)
     peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
     weights = torch.exp(scores - peak)
     total = weights.sum(dim=-1, keepdim=True)
     output = torch.matmul(weights, value) / total.clamp(min=torch.finfo(total.dtype).tiny)
-    return output, (peak + torch.log(total)).squeeze(-1)
+    return output.to(dtype), (peak + torch.log(total)).squeeze(-1)
 
 
 def _attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float = 0.0,
