@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 from coevolve.policy.backends import Generation, SamplingConfig
-from coevolve.policy.prefix_attention import SharedPrefix, prefix_of, shared_prefix_attention, usable
+from coevolve.policy.prefix_attention import SharedPrefix, shared_prefix_attention, usable
 
 
 def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
@@ -62,6 +62,12 @@ def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
         if any(s[position] != token for s in sequences):
             return position
     return limit
+
+
+def _runnable_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
+    """The prefix all `prompts` share, less what would leave a prompt without a token of its own to run (its
+    logits start the sampling)."""
+    return min(common_prefix_length(prompts), min(len(prompt) for prompt in prompts) - 1)
 
 
 def cache_keyword(model: Any) -> str:
@@ -270,7 +276,6 @@ class TransformersBackend:
     def _prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[Any, Any, Any]:
         """Run the prompts; return (cache, last-position logits, attention mask), one row per prompt."""
         import torch
-        from transformers import DynamicCache
 
         device = self.device
         if self.share_prefill:
@@ -282,7 +287,7 @@ class TransformersBackend:
         # With the split attention, the prefix every prompt shares is held once (`self._shared`) and each row's
         # cache starts after it: `offset` tokens no row holds.
         self._shared = self._shared_prefix(unique) if self.split_prefix else None
-        offset = len(self._shared.tokens) if self._shared is not None else 0
+        offset = self._offset
         # Each distinct prompt's past: a kept cache of an earlier reply of its episode, else (fresh prompts) the
         # prefix common to all fresh prompts, run once on a batch of one.
         pasts: list[tuple[int, list[tuple[Any, Any]]] | None] = [None] * len(unique)
@@ -294,13 +299,9 @@ class TransformersBackend:
             else:
                 fresh.append(row)
         if self.share_prefill and fresh and self._shared is None:
-            # Keep at least one suffix token per prompt: its logits start the sampling.
-            length = min(common_prefix_length([unique[r] for r in fresh]), min(len(unique[r]) for r in fresh) - 1)
+            length = _runnable_prefix_length([unique[r] for r in fresh])
             if length > 0:
-                prefix_cache = DynamicCache(config=self.model.config)
-                self._forward(torch.tensor([unique[fresh[0]][:length]], device=device), prefix_cache)
-                self.prefill_tokens += length
-                layers = [(layer.keys[0], layer.values[0]) for layer in prefix_cache.layers]
+                layers = self._run_prefix(unique[fresh[0]][:length])
                 for row in fresh:
                     pasts[row] = (length, layers)
         past_lengths = [past[0] if past else 0 for past in pasts]
@@ -331,20 +332,28 @@ class TransformersBackend:
         """The prefix this call holds once: the one the last call of this rollout held, where every prompt still
         starts with it (the kept caches follow it), else the prefix common to all prompts, run once on a batch of
         one; None where that is shorter than `MIN_SPLIT` tokens (the split would cost more than it reads)."""
-        import torch
-        from transformers import DynamicCache
-
         held = next((kept.shared for kept in self._kept or () if kept.shared is not None), None)
         if held is not None and all(held.covers(prompt) for prompt in prompts):
             return held
-        # Keep at least one token per prompt after the prefix: its logits start the sampling.
-        length = min(common_prefix_length(prompts), min(len(prompt) for prompt in prompts) - 1)
+        length = _runnable_prefix_length(prompts)
         if length < MIN_SPLIT:
             return None
-        prefix_cache = DynamicCache(config=self.model.config)
-        self._forward(torch.tensor([prompts[0][:length]], device=self.device), prefix_cache)
-        self.prefill_tokens += length
-        return prefix_of(prefix_cache, length, prompts[0])
+        return SharedPrefix(tuple(prompts[0][:length]), tuple(self._run_prefix(prompts[0][:length])))
+
+    def _run_prefix(self, tokens: Sequence[int]) -> list[tuple[Any, Any]]:
+        """Run `tokens` once on a batch of one; their (keys, values) per layer, each (kv_heads, tokens, head_dim)."""
+        import torch
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        self._forward(torch.tensor([list(tokens)], device=self.device), cache)
+        self.prefill_tokens += len(tokens)
+        return [(layer.keys[0], layer.values[0]) for layer in cache.layers]
+
+    @property
+    def _offset(self) -> int:
+        """Positions before each row's own cache: the prefix held once, where this call holds one."""
+        return len(self._shared.tokens) if self._shared is not None else 0
 
     def _new_cache(self) -> Any:
         """A cache for one generate call: growing layers with room for the call's replies, where every layer is
@@ -409,7 +418,7 @@ class TransformersBackend:
         cache, logits, mask = self._prefill(prompts)
         self._next = [] if self._kept is not None else None
         stops = torch.tensor(sorted(set(stop_token_ids)) or [-1], device=device)
-        positions = mask.sum(dim=-1) + (len(self._shared.tokens) if self._shared is not None else 0)  # next ids
+        positions = mask.sum(dim=-1) + self._offset  # next position id of each row
         rows = list(range(len(prompts)))  # request index of each live cache row
         row_limits = torch.tensor(limits, device=device)  # token budget of each live cache row
         tokens: list[list[int]] = [[] for _ in prompts]

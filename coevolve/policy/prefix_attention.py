@@ -163,9 +163,3 @@ def shared_prefix_attention(model: Any) -> Iterator[None]:
         yield
     finally:
         config._attn_implementation = own
-
-
-def prefix_of(cache: Any, length: int, tokens: Sequence[int]) -> SharedPrefix:
-    """The shared prefix from a batch-of-one cache that ran `tokens` (its first `length` are kept)."""
-    layers = tuple((layer.keys[0, :, :length], layer.values[0, :, :length]) for layer in cache.layers)
-    return SharedPrefix(tuple(tokens[:length]), layers)
